@@ -1,0 +1,22 @@
+#![doc = include_str!("../../README.md")]
+
+pub mod bytes;
+pub mod dtype;
+pub mod error;
+pub mod format;
+pub mod memory;
+pub mod reader;
+pub mod storage;
+pub mod tensor;
+pub mod writer;
+
+pub use bytes::{AccessPolicy, AllocationController, AllocationProperty, Bytes};
+pub use dtype::{BoolStore, DType, QuantScheme, Scalar};
+pub use error::{Error, ErrorKind, Result};
+pub use memory::{MemorySource, MemoryStorage};
+pub use reader::{ReadOptions, Reader, TensorInfo, Validation, VerifyReport};
+pub use storage::{
+    Capabilities, CreateOptions, Durability, LazyRegion, Sink, Source, Storage, WriteMode,
+};
+pub use tensor::{Provider, Tensor};
+pub use writer::{WriteSummary, Writer};

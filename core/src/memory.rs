@@ -1,0 +1,174 @@
+//! [`MemoryStorage`], the reference backend: every other backend is checked against its
+//! behaviour by the conformance suite.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::storage::{
+    Capabilities, CreateOptions, Sink, Source, Storage, WriteMode, check_range, validate_key,
+};
+use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
+
+#[derive(Debug, Default)]
+struct State {
+    objects: BTreeMap<String, bytes::Bytes>,
+    /// Open sinks, by id, with their keys.
+    pending: BTreeMap<u64, String>,
+}
+
+/// Containers held in process memory. Clones share the same objects (a clone is the same
+/// storage reopened).
+///
+/// Commits are atomic (one map insert under a lock), create-new is race-free, sources are
+/// zero-copy snapshots that keep reading what they opened, and a dropped sink leaves nothing.
+#[derive(Debug, Default, Clone)]
+pub struct MemoryStorage {
+    state: Arc<Mutex<State>>,
+    next_sink: Arc<AtomicU64>,
+}
+
+impl MemoryStorage {
+    /// An empty storage.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The keys present, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        self.lock().objects.keys().cloned().collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated (every update is
+        // one insert or remove), so a poisoned lock is safe to keep using.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Storage for MemoryStorage {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+            .with_atomic_create_new()
+            .with_zero_copy_reads()
+            .with_pending_listing()
+    }
+
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        validate_key(key)?;
+        self.capabilities().check(options)?;
+        let mut state = self.lock();
+        if options.mode == WriteMode::CreateNew && state.objects.contains_key(key) {
+            return Err(Error::new(ErrorKind::AlreadyExists, "key is taken").with_key(key));
+        }
+        let id = self.next_sink.fetch_add(1, Ordering::Relaxed);
+        state.pending.insert(id, key.to_owned());
+        let capacity = options
+            .expected_len
+            .map_or(0, |len| usize::try_from(len).unwrap_or(0).min(1 << 30));
+        Ok(Box::new(MemorySink {
+            storage: self.clone(),
+            id,
+            key: key.to_owned(),
+            create_new: options.mode == WriteMode::CreateNew,
+            buffer: Vec::with_capacity(capacity),
+        }))
+    }
+
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+        validate_key(key)?;
+        let data = self.lock().objects.get(key).cloned();
+        match data {
+            Some(data) => Ok(Arc::new(MemorySource::new(data))),
+            None => Err(Error::new(ErrorKind::NotFound, "no container at key").with_key(key)),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        validate_key(key)?;
+        match self.lock().objects.remove(key) {
+            Some(_) => Ok(()),
+            None => Err(Error::new(ErrorKind::NotFound, "no container at key").with_key(key)),
+        }
+    }
+
+    fn pending(&self) -> Result<Vec<String>> {
+        Ok(self.lock().pending.values().cloned().collect())
+    }
+}
+
+struct MemorySink {
+    storage: MemoryStorage,
+    id: u64,
+    key: String,
+    create_new: bool,
+    buffer: Vec<u8>,
+}
+
+impl Sink for MemorySink {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.buffer.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn commit(mut self: Box<Self>) -> Result<()> {
+        let data = bytes::Bytes::from(std::mem::take(&mut self.buffer));
+        let mut state = self.storage.lock();
+        if self.create_new && state.objects.contains_key(&self.key) {
+            return Err(
+                Error::new(ErrorKind::AlreadyExists, "key was taken before commit")
+                    .with_key(&self.key),
+            );
+        }
+        state.objects.insert(self.key.clone(), data);
+        Ok(())
+    }
+}
+
+impl Drop for MemorySink {
+    fn drop(&mut self) {
+        self.storage.lock().pending.remove(&self.id);
+    }
+}
+
+/// A [`Source`] over bytes in memory; [`bytes`](Source::bytes) is zero-copy.
+#[derive(Debug, Clone)]
+pub struct MemorySource {
+    data: bytes::Bytes,
+}
+
+impl MemorySource {
+    /// A source over `data`.
+    pub fn new(data: bytes::Bytes) -> Self {
+        Self { data }
+    }
+
+    fn slice(&self, range: &Range<u64>) -> Result<Range<usize>> {
+        check_range(range, self.len())?;
+        // In range of an in-memory buffer, so both ends fit usize.
+        Ok(range.start as usize..range.end as usize)
+    }
+}
+
+impl Source for MemorySource {
+    fn len(&self) -> u64 {
+        self.data.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let range = self.slice(&(offset..offset.saturating_add(buf.len() as u64)))?;
+        buf.copy_from_slice(&self.data[range]);
+        Ok(())
+    }
+
+    fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
+        let range = self.slice(&range)?;
+        Ok(Bytes::from_shared(
+            self.data.slice(range),
+            AllocationProperty::Shared,
+        ))
+    }
+}

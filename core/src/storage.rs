@@ -1,0 +1,476 @@
+//! The storage plugin traits: a [`Storage`] opens [`Sink`]s to write containers and
+//! [`Source`]s to read them.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+
+use crate::bytes::{AccessPolicy, AllocationController, AllocationProperty, Bytes};
+use crate::{Error, ErrorKind, Result};
+
+/// Random-access read of one stored container.
+///
+/// # Contract
+/// - [`len`](Self::len) is fixed for the life of the source: the length of the container it
+///   opened.
+/// - [`read_at`](Self::read_at) fills all of `buf` from `offset`, or fails with
+///   [`ErrorKind::OutOfRange`] when the range passes `len`. It never returns bytes of a
+///   different container than the one opened: if the stored object was replaced or truncated
+///   since `open`, it returns the old bytes or an error, never a mix.
+/// - [`bytes`](Self::bytes) returns the range as [`Bytes`] whose controller is the backend's
+///   best (zero-copy view, lazy file region, lazy remote range); the default reads eagerly.
+/// - Sources are shared across threads; concurrent reads are allowed.
+pub trait Source: Send + Sync + fmt::Debug {
+    /// Length of the container in bytes.
+    fn len(&self) -> u64;
+
+    /// Whether the container is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills `buf` with the bytes at `offset..offset + buf.len()`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] past the end; the backend's error otherwise.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// The bytes of `range`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] past the end; the backend's error otherwise.
+    fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
+        check_range(&range, self.len())?;
+        let len = usize::try_from(range.end - range.start)
+            .map_err(|_| Error::new(ErrorKind::OutOfRange, "range does not fit in memory"))?;
+        let mut bytes = Bytes::zeroed(len, 64)?;
+        self.read_at(range.start, bytes.make_mut()?)?;
+        Ok(bytes)
+    }
+}
+
+/// Checks `range` against a source of `len` bytes.
+///
+/// # Errors
+/// [`ErrorKind::OutOfRange`] when the range is reversed or passes `len`.
+pub fn check_range(range: &Range<u64>, len: u64) -> Result<()> {
+    if range.start > range.end || range.end > len {
+        return Err(Error::new(
+            ErrorKind::OutOfRange,
+            format!(
+                "range {}..{} of a {len}-byte container",
+                range.start, range.end
+            ),
+        )
+        .with_offset(range.start));
+    }
+    Ok(())
+}
+
+/// A lazily read range of a [`Source`]: nothing is read until first access, then the range
+/// is fetched once and cached. Sub-views taken before that stay lazy and fetch only
+/// themselves. Backends return it from [`Source::bytes`].
+pub struct LazyRegion {
+    source: Arc<dyn Source>,
+    range: Range<u64>,
+    property: AllocationProperty,
+    cache: OnceLock<Box<[u8]>>,
+}
+
+impl LazyRegion {
+    /// A lazy view of `range` of `source`, reported as `property` (`File` or `Remote`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] when the range passes the source's end or does not fit in
+    /// memory.
+    pub fn new(
+        source: Arc<dyn Source>,
+        range: Range<u64>,
+        property: AllocationProperty,
+    ) -> Result<Self> {
+        check_range(&range, source.len())?;
+        usize::try_from(range.end - range.start)
+            .map_err(|_| Error::new(ErrorKind::OutOfRange, "range does not fit in memory"))?;
+        Ok(Self {
+            source,
+            range,
+            property,
+            cache: OnceLock::new(),
+        })
+    }
+}
+
+impl fmt::Debug for LazyRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyRegion")
+            .field("range", &self.range)
+            .field("property", &self.property)
+            .field("resident", &self.cache.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AllocationController for LazyRegion {
+    fn len(&self) -> usize {
+        (self.range.end - self.range.start) as usize
+    }
+
+    fn alignment(&self) -> usize {
+        // The cache is allocated by the global allocator, which aligns to at least 8.
+        8
+    }
+
+    fn property(&self) -> AllocationProperty {
+        self.property
+    }
+
+    fn memory(&self, policy: AccessPolicy) -> Result<&[u8]> {
+        if let Some(cached) = self.cache.get() {
+            return Ok(cached);
+        }
+        if policy == AccessPolicy::ZeroCopy {
+            return Err(Error::new(
+                ErrorKind::WouldCopy,
+                format!("{} bytes are not resident yet", self.len()),
+            ));
+        }
+        let mut buf = vec![0; self.len()].into_boxed_slice();
+        self.source.read_at(self.range.start, &mut buf)?;
+        Ok(self.cache.get_or_init(|| buf))
+    }
+
+    fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        if let Some(cached) = self.cache.get() {
+            buf.copy_from_slice(&cached[offset..offset + buf.len()]);
+            return Ok(());
+        }
+        self.source.read_at(self.range.start + offset as u64, buf)
+    }
+
+    fn narrow(&self, start: usize, end: usize) -> Option<Box<dyn AllocationController>> {
+        if self.cache.get().is_some() {
+            return None;
+        }
+        let base = self.range.start;
+        let range = base + start as u64..base + end as u64;
+        Some(Box::new(Self {
+            source: Arc::clone(&self.source),
+            range,
+            property: self.property,
+            cache: OnceLock::new(),
+        }))
+    }
+}
+
+/// A sequential destination for one container's bytes.
+///
+/// # Contract
+/// - Bytes appear at the key only through [`commit`](Self::commit), all at once: before it,
+///   readers of the key see what was there before (or nothing).
+/// - Dropping a sink without committing aborts it: the key is exactly as it was and nothing
+///   is left behind (no scratch file, no pending upload).
+/// - After any error from [`write`](Self::write) or [`pad`](Self::pad) the caller drops the
+///   sink; a failed `commit` leaves the key as it was.
+pub trait Sink: Send {
+    /// Appends `data`.
+    ///
+    /// # Errors
+    /// The backend's error; the sink must then be dropped.
+    fn write(&mut self, data: &[u8]) -> Result<()>;
+
+    /// Appends `len` zero bytes.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    fn pad(&mut self, len: u64) -> Result<()> {
+        const ZEROS: [u8; 4096] = [0; 4096];
+        let mut left = len;
+        while left > 0 {
+            let step = left.min(ZEROS.len() as u64);
+            self.write(&ZEROS[..step as usize])?;
+            left -= step;
+        }
+        Ok(())
+    }
+
+    /// Publishes everything written, atomically.
+    ///
+    /// # Errors
+    /// [`ErrorKind::AlreadyExists`] when the sink was opened create-new and the key was taken
+    /// meanwhile; the backend's error otherwise. The key is then as it was.
+    fn commit(self: Box<Self>) -> Result<()>;
+}
+
+/// What happens to an existing container at the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WriteMode {
+    /// Replace whatever is there, atomically (the default).
+    #[default]
+    Overwrite,
+    /// Fail with [`ErrorKind::AlreadyExists`] if anything is there, without a race between
+    /// two writers (needs [`Capabilities::atomic_create_new`]).
+    CreateNew,
+    /// Write the existing object in place (keeps a file's inode); a failure loses the old
+    /// container (needs [`Capabilities::in_place_writes`]).
+    InPlace,
+}
+
+/// How hard a commit works to survive a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Durability {
+    /// The strongest durability the backend offers.
+    #[default]
+    Default,
+    /// Atomic against a process crash, but may be lost on power failure (no fsync).
+    Flushed,
+    /// Survives power loss once `commit` returns (needs [`Capabilities::durable_commit`]).
+    Durable,
+}
+
+/// Options for [`Storage::create`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CreateOptions {
+    /// Overwrite, create-new or in-place.
+    pub mode: WriteMode,
+    /// Crash durability wanted from `commit`.
+    pub durability: Durability,
+    /// The container's planned total length, when known (the writer always knows it):
+    /// backends use it to size parts or preallocate.
+    pub expected_len: Option<u64>,
+}
+
+impl CreateOptions {
+    /// Sets the write mode.
+    #[must_use]
+    pub fn with_mode(mut self, mode: WriteMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the durability.
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets the expected total length.
+    #[must_use]
+    pub fn with_expected_len(mut self, len: u64) -> Self {
+        self.expected_len = Some(len);
+        self
+    }
+}
+
+/// What a backend promises beyond the base contract. Each declared capability is tested by
+/// the conformance suite; asking for an undeclared one fails with [`ErrorKind::Unsupported`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// [`WriteMode::CreateNew`] is race-free: of two concurrent creators exactly one wins.
+    pub atomic_create_new: bool,
+    /// [`Durability::Durable`] commits survive power loss.
+    pub durable_commit: bool,
+    /// [`Source::bytes`] returns host memory without copying (memory, mmap).
+    pub zero_copy_reads: bool,
+    /// [`WriteMode::InPlace`] is supported.
+    pub in_place_writes: bool,
+    /// [`Storage::pending`] lists unfinished writes.
+    pub pending_listing: bool,
+}
+
+impl Capabilities {
+    /// No capability beyond the base contract.
+    pub const NONE: Self = Self {
+        atomic_create_new: false,
+        durable_commit: false,
+        zero_copy_reads: false,
+        in_place_writes: false,
+        pending_listing: false,
+    };
+
+    /// Declares race-free create-new.
+    #[must_use]
+    pub const fn with_atomic_create_new(mut self) -> Self {
+        self.atomic_create_new = true;
+        self
+    }
+
+    /// Declares power-loss durable commits.
+    #[must_use]
+    pub const fn with_durable_commit(mut self) -> Self {
+        self.durable_commit = true;
+        self
+    }
+
+    /// Declares zero-copy reads.
+    #[must_use]
+    pub const fn with_zero_copy_reads(mut self) -> Self {
+        self.zero_copy_reads = true;
+        self
+    }
+
+    /// Declares in-place writes.
+    #[must_use]
+    pub const fn with_in_place_writes(mut self) -> Self {
+        self.in_place_writes = true;
+        self
+    }
+
+    /// Declares listing of unfinished writes.
+    #[must_use]
+    pub const fn with_pending_listing(mut self) -> Self {
+        self.pending_listing = true;
+        self
+    }
+
+    /// Fails with [`ErrorKind::Unsupported`] when `options` ask for something undeclared.
+    ///
+    /// # Errors
+    /// As described.
+    pub fn check(&self, options: &CreateOptions) -> Result<()> {
+        let missing = match (options.mode, options.durability) {
+            (WriteMode::CreateNew, _) if !self.atomic_create_new => "create-new writes",
+            (WriteMode::InPlace, _) if !self.in_place_writes => "in-place writes",
+            (_, Durability::Durable) if !self.durable_commit => "durable commits",
+            _ => return Ok(()),
+        };
+        Err(Error::unsupported(format!(
+            "this storage does not offer {missing}"
+        )))
+    }
+}
+
+/// A storage backend: opens sinks and sources by key.
+///
+/// Keys are `/`-separated relative paths (see [`validate_key`]). The trait is object safe so a
+/// backend can be chosen at run time (`Box<dyn Storage>`).
+///
+/// # Contract
+/// - [`create`](Self::create) checks `options` against [`capabilities`](Self::capabilities)
+///   and returns a [`Sink`] with the sink contract; with [`WriteMode::CreateNew`] it may fail
+///   early with [`ErrorKind::AlreadyExists`], and the sink's `commit` must fail so if the key
+///   was taken meanwhile.
+/// - [`open`](Self::open) returns a [`Source`] over the container committed last at the key,
+///   [`ErrorKind::NotFound`] if none. A source keeps reading what it opened: a later commit or
+///   delete never mixes into it.
+/// - [`delete`](Self::delete) removes the key; [`ErrorKind::NotFound`] if absent.
+/// - [`pending`](Self::pending) lists writes started and neither committed nor aborted
+///   (scratch files of dead writers, unfinished multipart uploads) when the backend declares
+///   [`Capabilities::pending_listing`]; otherwise [`ErrorKind::Unsupported`].
+pub trait Storage: Send + Sync + fmt::Debug {
+    /// What this backend promises.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Opens a sink that will publish a container at `key`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unsupported`], [`ErrorKind::AlreadyExists`], [`ErrorKind::InvalidInput`]
+    /// for a bad key, or the backend's error.
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>>;
+
+    /// Opens the container at `key` for reading.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`], or the backend's error.
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>>;
+
+    /// Removes the container at `key`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`], or the backend's error.
+    fn delete(&self, key: &str) -> Result<()>;
+
+    /// Keys of unfinished writes.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unsupported`] unless the backend declares
+    /// [`Capabilities::pending_listing`].
+    fn pending(&self) -> Result<Vec<String>> {
+        Err(Error::unsupported(
+            "this storage cannot list unfinished writes",
+        ))
+    }
+}
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Checks that `key` is a relative `/`-separated path: non-empty, at most [`MAX_KEY_LEN`]
+/// bytes, no empty, `.` or `..` segment, no leading `/`, no backslash or NUL. Every backend
+/// applies the same rule so a key means the same thing everywhere.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`] naming the key.
+pub fn validate_key(key: &str) -> Result<()> {
+    let problem = if key.is_empty() {
+        Some("is empty")
+    } else if key.len() > MAX_KEY_LEN {
+        Some("is longer than 1024 bytes")
+    } else if key.contains(['\\', '\0']) {
+        Some("contains a backslash or NUL")
+    } else if key
+        .split('/')
+        .any(|segment| matches!(segment, "" | "." | ".."))
+    {
+        Some("has an empty, `.` or `..` segment (or a leading or trailing `/`)")
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(Error::invalid(format!("key {problem}")).with_key(key)),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_relative_paths() {
+        for good in ["model.bpk", "runs/7/step-100.bpk", "ünïcode/名前"] {
+            validate_key(good).unwrap();
+        }
+        for bad in [
+            "",
+            "/abs",
+            "a//b",
+            "a/./b",
+            "../up",
+            "trail/",
+            "back\\slash",
+            "nul\0",
+        ] {
+            assert_eq!(
+                validate_key(bad).unwrap_err().kind(),
+                ErrorKind::InvalidInput,
+                "{bad:?}"
+            );
+        }
+        assert!(validate_key(&"k".repeat(MAX_KEY_LEN + 1)).is_err());
+        validate_key(&"k".repeat(MAX_KEY_LEN)).unwrap();
+    }
+
+    #[test]
+    fn undeclared_capabilities_are_unsupported() {
+        let none = Capabilities::NONE;
+        for options in [
+            CreateOptions::default().with_mode(WriteMode::CreateNew),
+            CreateOptions::default().with_mode(WriteMode::InPlace),
+            CreateOptions::default().with_durability(Durability::Durable),
+        ] {
+            assert_eq!(
+                none.check(&options).unwrap_err().kind(),
+                ErrorKind::Unsupported
+            );
+        }
+        none.check(&CreateOptions::default()).unwrap();
+        let all = Capabilities::NONE
+            .with_atomic_create_new()
+            .with_in_place_writes()
+            .with_durable_commit();
+        all.check(&CreateOptions::default().with_mode(WriteMode::CreateNew))
+            .unwrap();
+    }
+}

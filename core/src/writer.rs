@@ -1,0 +1,500 @@
+//! The streaming [`Writer`]: plans the whole layout first, then streams header, metadata,
+//! padding, each tensor and the trailer through a [`Sink`] in bounded chunks.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::format::cbor::{self, DescriptorRef};
+use crate::format::{self, Limits, TENSOR_ALIGNMENT, align_up, trailer};
+use crate::storage::{CreateOptions, Durability, Sink, Storage, WriteMode};
+use crate::{AccessPolicy, Bytes, Error, ErrorKind, Result, Scalar, Tensor};
+
+/// Largest single write the writer hands a sink, and the size of its write buffer.
+pub const WRITE_CHUNK_LEN: usize = 8 * 1024 * 1024;
+/// Writes shorter than this are gathered in the write buffer, so many small tensors cost a
+/// few large sink writes instead of two calls each.
+const GATHER_BELOW: usize = 64 * 1024;
+
+/// The layout decided before any byte moves.
+struct Plan {
+    metadata: Vec<u8>,
+    data_start: u64,
+    /// Each tensor's start relative to the data section, in writer order.
+    starts: Vec<u64>,
+    /// End of the last tensor, relative to the data section.
+    data_len: u64,
+    trailer_len: u64,
+}
+
+impl Plan {
+    fn total_len(&self) -> u64 {
+        self.data_start + self.data_len + self.trailer_len
+    }
+}
+
+/// What [`Writer::write_to`] published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// Total bytes of the container.
+    pub len: u64,
+    /// Number of tensors.
+    pub tensors: usize,
+    /// Whether an integrity trailer was written.
+    pub trailer: bool,
+}
+
+/// Builds one container from tensors, metadata and scalars.
+///
+/// ```
+/// use weightbay::{DType, MemoryStorage, Reader, Storage, Tensor, Writer};
+/// let storage = MemoryStorage::new();
+/// let weight = Tensor::new("w", DType::F32, [2], [1.0f32, 2.0].map(f32::to_le_bytes).concat());
+/// Writer::new(vec![weight])
+///     .with_metadata("producer", "docs")
+///     .with_scalar("epoch", 3u64)
+///     .write_to(&storage, "model.bpk")?;
+///
+/// let reader = Reader::open(storage.open("model.bpk")?)?;
+/// assert_eq!(reader.read("w")?, [1.0f32, 2.0].map(f32::to_le_bytes).concat());
+/// reader.verify()?;
+/// # Ok::<(), weightbay::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Writer {
+    tensors: Vec<Tensor>,
+    metadata: BTreeMap<String, String>,
+    scalars: BTreeMap<String, Scalar>,
+    alignment: u64,
+    trailer: bool,
+    mode: WriteMode,
+    durability: Durability,
+}
+
+impl Writer {
+    /// A writer for `tensors`, stored in this order.
+    pub fn new(tensors: Vec<Tensor>) -> Self {
+        Self {
+            tensors,
+            metadata: BTreeMap::new(),
+            scalars: BTreeMap::new(),
+            alignment: TENSOR_ALIGNMENT,
+            trailer: true,
+            mode: WriteMode::Overwrite,
+            durability: Durability::Default,
+        }
+    }
+
+    /// Adds a metadata string.
+    #[must_use]
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds a scalar.
+    #[must_use]
+    pub fn with_scalar(mut self, key: impl Into<String>, value: impl Into<Scalar>) -> Self {
+        self.scalars.insert(key.into(), value.into());
+        self
+    }
+
+    /// Places every tensor at an absolute offset that is a multiple of `alignment` (a power
+    /// of two, at least 256; 4096 suits direct I/O). Burnpack readers read the result as is.
+    #[must_use]
+    pub fn with_alignment(mut self, alignment: u64) -> Self {
+        self.alignment = alignment;
+        self
+    }
+
+    /// Whether to append the integrity trailer (on by default). Without it the bytes equal
+    /// burn-pack's for the same input.
+    #[must_use]
+    pub fn with_trailer(mut self, trailer: bool) -> Self {
+        self.trailer = trailer;
+        self
+    }
+
+    /// Overwrite (default), create-new or in-place, for [`write_to`](Self::write_to).
+    #[must_use]
+    pub fn with_mode(mut self, mode: WriteMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The durability [`write_to`](Self::write_to) asks of the storage.
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// The exact length of the container, computed without producing any tensor.
+    ///
+    /// # Errors
+    /// As for planning: duplicate names, lengths that do not match dtype × shape, limits.
+    pub fn size(&self) -> Result<u64> {
+        Ok(self.plan()?.total_len())
+    }
+
+    /// Writes the container into the start of `buf` and returns its length.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] when `buf` is too small; planning and provider errors.
+    pub fn write_into(self, buf: &mut [u8]) -> Result<u64> {
+        let plan = self.plan()?;
+        let total = plan.total_len();
+        if (buf.len() as u64) < total {
+            return Err(Error::invalid(format!(
+                "buffer of {} bytes is too small for a {total}-byte container",
+                buf.len()
+            )));
+        }
+        let mut sink = SliceSink { buf, position: 0 };
+        self.stream(&plan, &mut sink)?;
+        Ok(total)
+    }
+
+    /// The whole container in memory.
+    ///
+    /// # Errors
+    /// Planning and provider errors.
+    pub fn into_bytes(self) -> Result<Vec<u8>> {
+        let plan = self.plan()?;
+        let total = usize::try_from(plan.total_len())
+            .map_err(|_| Error::new(ErrorKind::OutOfRange, "container does not fit in memory"))?;
+        let mut buf = vec![0; total];
+        let mut sink = SliceSink {
+            buf: &mut buf,
+            position: 0,
+        };
+        self.stream(&plan, &mut sink)?;
+        Ok(buf)
+    }
+
+    /// Streams the container into `storage` at `key` and commits it. Nothing is created when
+    /// planning fails; on any later failure the sink is dropped, which leaves the key exactly
+    /// as it was.
+    ///
+    /// # Errors
+    /// Planning errors, the storage's errors (named with key and operation), provider errors
+    /// (named with the tensor).
+    pub fn write_to<S: Storage + ?Sized>(self, storage: &S, key: &str) -> Result<WriteSummary> {
+        let plan = self.plan().map_err(|e| e.with_key(key))?;
+        let summary = WriteSummary {
+            len: plan.total_len(),
+            tensors: self.tensors.len(),
+            trailer: self.trailer,
+        };
+        let options = CreateOptions {
+            mode: self.mode,
+            durability: self.durability,
+            expected_len: Some(summary.len),
+        };
+        let mut sink = storage
+            .create(key, &options)
+            .map_err(|e| e.with_operation("create").with_key(key))?;
+        self.stream(&plan, sink.as_mut())
+            .map_err(|e| e.with_operation("write").with_key(key))?;
+        sink.commit()
+            .map_err(|e| e.with_operation("commit").with_key(key))?;
+        Ok(summary)
+    }
+
+    /// Streams the container into an already opened sink, without committing it. Returns the
+    /// number of bytes written.
+    ///
+    /// # Errors
+    /// Planning, sink and provider errors.
+    pub fn write_to_sink(self, sink: &mut dyn Sink) -> Result<u64> {
+        let plan = self.plan()?;
+        self.stream(&plan, sink)?;
+        Ok(plan.total_len())
+    }
+
+    fn plan(&self) -> Result<Plan> {
+        let limits = Limits::default();
+        let alignment = self.alignment;
+        if !alignment.is_power_of_two() || alignment < TENSOR_ALIGNMENT {
+            return Err(Error::invalid(format!(
+                "alignment {alignment} is not a power of two of at least {TENSOR_ALIGNMENT}"
+            )));
+        }
+        if self.tensors.len() > limits.max_tensor_count {
+            return Err(Error::new(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "{} tensors, more than the limit of {}",
+                    self.tensors.len(),
+                    limits.max_tensor_count
+                ),
+            ));
+        }
+        let mut by_name = BTreeMap::new();
+        for (index, tensor) in self.tensors.iter().enumerate() {
+            check_tensor(tensor, &limits).map_err(|e| e.with_tensor(tensor.name()))?;
+            if by_name.insert(tensor.name(), index).is_some() {
+                return Err(Error::invalid("duplicate tensor name").with_tensor(tensor.name()));
+            }
+        }
+
+        // Offsets are stored in the metadata, whose length decides where the data section
+        // starts, which (for alignments above 256) moves the offsets: iterate to a fixed point.
+        let mut data_start = TENSOR_ALIGNMENT;
+        for _ in 0..16 {
+            let (starts, data_len) = self.place(data_start)?;
+            let descriptors: Vec<DescriptorRef<'_>> = by_name
+                .values()
+                .map(|&index| {
+                    let tensor = &self.tensors[index];
+                    DescriptorRef {
+                        name: tensor.name(),
+                        dtype: tensor.dtype(),
+                        shape: tensor.shape(),
+                        offsets: (starts[index], starts[index] + tensor.byte_len()),
+                        param_id: tensor.param_id(),
+                    }
+                })
+                .collect();
+            let metadata = cbor::encode(&descriptors, &self.metadata, &self.scalars);
+            if metadata.len() as u64 > limits.max_metadata_len {
+                return Err(Error::new(
+                    ErrorKind::LimitExceeded,
+                    format!(
+                        "metadata of {} bytes is over the limit of {}",
+                        metadata.len(),
+                        limits.max_metadata_len
+                    ),
+                ));
+            }
+            let needed = format::data_section_start(metadata.len() as u64);
+            if needed == data_start || alignment == TENSOR_ALIGNMENT {
+                let trailer_len = if self.trailer {
+                    trailer::trailer_len(self.tensors.len())
+                } else {
+                    0
+                };
+                return Ok(Plan {
+                    metadata,
+                    data_start: needed,
+                    starts,
+                    data_len,
+                    trailer_len,
+                });
+            }
+            data_start = needed;
+        }
+        Err(Error::invalid(format!(
+            "could not find a stable layout at alignment {alignment}"
+        )))
+    }
+
+    /// Relative starts for every tensor given the data section's start, and the data length.
+    fn place(&self, data_start: u64) -> Result<(Vec<u64>, u64)> {
+        let mut starts = Vec::with_capacity(self.tensors.len());
+        let mut end = 0u64;
+        for tensor in &self.tensors {
+            let start = align_up(data_start + end, self.alignment) - data_start;
+            end = start.checked_add(tensor.byte_len()).ok_or_else(|| {
+                Error::new(ErrorKind::OutOfRange, "container larger than 2^64 bytes")
+            })?;
+            starts.push(start);
+        }
+        Ok((starts, end))
+    }
+
+    fn stream(self, plan: &Plan, sink: &mut dyn Sink) -> Result<()> {
+        let mut out = Emitter::new(sink, plan.total_len());
+        let metadata_len = u32::try_from(plan.metadata.len())
+            .map_err(|_| Error::new(ErrorKind::LimitExceeded, "metadata longer than 4 GiB"))?;
+        out.write(&format::encode_header(metadata_len))?;
+        out.write(&plan.metadata)?;
+        let header_end = format::HEADER_LEN + plan.metadata.len() as u64;
+        out.write(&[0; TENSOR_ALIGNMENT as usize][..(plan.data_start - header_end) as usize])?;
+        let prefix_crc = out.take_crc();
+
+        let mut crcs = Vec::with_capacity(if self.trailer { self.tensors.len() } else { 0 });
+        let mut position = 0;
+        for (tensor, &start) in self.tensors.iter().zip(&plan.starts) {
+            out.pad(start - position)?;
+            write_tensor(&mut out, tensor).map_err(|e| e.with_tensor(tensor.name()))?;
+            position = start + tensor.byte_len();
+            crcs.push(out.take_crc());
+        }
+        if self.trailer {
+            out.write(&trailer::encode(prefix_crc, &crcs)?)?;
+        }
+        out.flush()
+    }
+}
+
+fn check_tensor(tensor: &Tensor, limits: &Limits) -> Result<()> {
+    if tensor.shape().len() > limits.max_tensor_rank {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "{} dimensions, more than the limit of {}",
+                tensor.shape().len(),
+                limits.max_tensor_rank
+            ),
+        ));
+    }
+    let len = tensor.byte_len();
+    if len > limits.max_tensor_len {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "{len} bytes, more than the limit of {}",
+                limits.max_tensor_len
+            ),
+        ));
+    }
+    match tensor.dtype().byte_len(tensor.shape()) {
+        None => Err(Error::invalid(format!(
+            "shape {:?} overflows",
+            tensor.shape()
+        ))),
+        Some(Some(expected)) if expected != len => Err(Error::invalid(format!(
+            "{len} bytes, but {} × {:?} needs {expected}",
+            tensor.dtype(),
+            tensor.shape()
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Produces one tensor's bytes and streams them, checking the length against the plan. A
+/// deferred tensor's bytes are dropped when this returns, before the next provider runs.
+fn write_tensor(out: &mut Emitter<'_>, tensor: &Tensor) -> Result<()> {
+    let bytes = catch_unwind(AssertUnwindSafe(|| tensor.bytes())).map_err(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(ToString::to_string)
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".into());
+        Error::new(ErrorKind::Provider, format!("provider panicked: {message}"))
+    })??;
+    if bytes.len() as u64 != tensor.byte_len() {
+        return Err(Error::invalid(format!(
+            "provider produced {} bytes, {} were planned",
+            bytes.len(),
+            tensor.byte_len()
+        )));
+    }
+    write_bytes(out, &bytes)
+}
+
+fn write_bytes(out: &mut Emitter<'_>, bytes: &Bytes) -> Result<()> {
+    match bytes.read(AccessPolicy::ZeroCopy) {
+        Ok(resident) => out.write(resident),
+        Err(e) if e.kind() == ErrorKind::WouldCopy => {
+            // A lazy backing (file region, remote range, device memory): read it in bounded
+            // windows instead of materializing it whole.
+            let mut window = vec![0; bytes.len().min(WRITE_CHUNK_LEN)];
+            let mut offset = 0;
+            while offset < bytes.len() {
+                let step = (bytes.len() - offset).min(window.len());
+                bytes.read_at(offset, &mut window[..step])?;
+                out.write(&window[..step])?;
+                offset += step;
+            }
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Gathers small writes, splits large ones into chunks, and keeps a running CRC32C.
+struct Emitter<'a> {
+    sink: &'a mut dyn Sink,
+    buffer: Vec<u8>,
+    crc: u32,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(sink: &'a mut dyn Sink, total_len: u64) -> Self {
+        let capacity = usize::try_from(total_len)
+            .unwrap_or(usize::MAX)
+            .min(WRITE_CHUNK_LEN);
+        Self {
+            sink,
+            buffer: Vec::with_capacity(capacity),
+            crc: 0,
+        }
+    }
+
+    fn take_crc(&mut self) -> u32 {
+        std::mem::take(&mut self.crc)
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.crc = crc32c::crc32c_append(self.crc, data);
+        if data.len() < GATHER_BELOW {
+            if self.buffer.len() + data.len() > WRITE_CHUNK_LEN {
+                self.flush()?;
+            }
+            self.buffer.extend_from_slice(data);
+            return Ok(());
+        }
+        self.flush()?;
+        for chunk in data.chunks(WRITE_CHUNK_LEN) {
+            self.sink.write(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Zero padding between tensors; not part of any checksum.
+    fn pad(&mut self, len: u64) -> Result<()> {
+        if len < GATHER_BELOW as u64 && self.buffer.len() as u64 + len <= WRITE_CHUNK_LEN as u64 {
+            self.buffer.resize(self.buffer.len() + len as usize, 0);
+            return Ok(());
+        }
+        self.flush()?;
+        self.sink.pad(len)
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if !self.buffer.is_empty() {
+            self.sink.write(&self.buffer)?;
+            self.buffer.clear();
+        }
+        Ok(())
+    }
+}
+
+/// A sink over a caller's buffer, for `write_into` and `into_bytes`.
+struct SliceSink<'a> {
+    buf: &'a mut [u8],
+    position: usize,
+}
+
+impl Sink for SliceSink<'_> {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        let end = self.position + data.len();
+        let target = self
+            .buf
+            .get_mut(self.position..end)
+            .ok_or_else(|| Error::new(ErrorKind::OutOfRange, "write past the end of the buffer"))?;
+        target.copy_from_slice(data);
+        self.position = end;
+        Ok(())
+    }
+
+    fn pad(&mut self, len: u64) -> Result<()> {
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|len| self.position.checked_add(len))
+            .ok_or_else(|| {
+                Error::new(ErrorKind::OutOfRange, "padding past the end of the buffer")
+            })?;
+        self.buf
+            .get_mut(self.position..end)
+            .ok_or_else(|| Error::new(ErrorKind::OutOfRange, "padding past the end of the buffer"))?
+            .fill(0);
+        self.position = end;
+        Ok(())
+    }
+
+    fn commit(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
