@@ -377,7 +377,10 @@ impl Parser<'_> {
         if len.is_some_and(|len| len > max) {
             return Err(too_many_tensors(len.unwrap_or_default(), max));
         }
-        let mut tensors = Vec::new();
+        // Reserve for the declared count, but never for more descriptors than the remaining
+        // bytes can encode: a claim alone must not size an allocation.
+        let remaining = self.input.len() - self.offset();
+        let mut tensors = Vec::with_capacity(len.unwrap_or(0).min(remaining / MIN_DESCRIPTOR_LEN));
         while self.has_next(len, tensors.len())? {
             if tensors.len() == max {
                 return Err(too_many_tensors(max + 1, max));
@@ -573,6 +576,10 @@ impl Parser<'_> {
         })
     }
 }
+
+/// The fewest bytes one `tensors` entry can take: a one-byte name, a map header, and the
+/// keys and smallest values of `dtype` ("U8"), `shape` ([]) and `data_offsets` ([0, 0]).
+const MIN_DESCRIPTOR_LEN: usize = 1 + 1 + (6 + 3) + (6 + 1) + (13 + 3);
 
 fn too_many_tensors(count: usize, max: usize) -> Error {
     Error::new(
