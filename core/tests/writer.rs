@@ -200,13 +200,14 @@ fn failed_writes_leave_the_old_container() {
     old.write_to(&storage, "m.bpk").unwrap();
     let before = read_all(&storage);
 
-    let failing = |provider: fn() -> weightbay::Result<Bytes>| {
+    type ProviderFn = fn() -> weightbay::Result<Bytes>;
+    let failing = |provider: ProviderFn| {
         Writer::new(vec![
             Tensor::new("ok", DType::U8, [1 << 20], vec![9; 1 << 20]),
             Tensor::deferred("bad", DType::U8, [4], 4, provider),
         ])
     };
-    let cases: [(&str, fn() -> weightbay::Result<Bytes>, ErrorKind); 3] = [
+    let cases: [(&str, ProviderFn, ErrorKind); 3] = [
         (
             "provider error",
             || {
