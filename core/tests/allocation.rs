@@ -43,7 +43,7 @@ fn measure(bytes: Vec<u8>) -> (usize, usize) {
     let baseline = LIVE.load(Ordering::Relaxed);
     PEAK.store(baseline, Ordering::Relaxed);
     LARGEST.store(0, Ordering::Relaxed);
-    let result = Reader::from_bytes(shared.clone());
+    let result = Reader::from_bytes(shared);
     drop(result);
     (
         LARGEST.load(Ordering::Relaxed),
