@@ -4,6 +4,7 @@ pub mod bytes;
 pub mod dtype;
 pub mod error;
 pub mod format;
+pub mod fs;
 pub mod memory;
 pub mod reader;
 pub mod storage;

@@ -98,6 +98,11 @@ impl Storage for MemoryStorage {
     fn pending(&self) -> Result<Vec<String>> {
         Ok(self.lock().pending.values().cloned().collect())
     }
+
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        // Every pending entry is a live sink in this process; a dead writer leaves nothing.
+        Ok(Vec::new())
+    }
 }
 
 struct MemorySink {

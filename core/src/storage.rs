@@ -275,7 +275,8 @@ pub struct Capabilities {
     pub zero_copy_reads: bool,
     /// [`WriteMode::InPlace`] is supported.
     pub in_place_writes: bool,
-    /// [`Storage::pending`] lists unfinished writes.
+    /// [`Storage::pending`] lists unfinished writes and [`Storage::clean_pending`] removes
+    /// those of dead writers.
     pub pending_listing: bool,
 }
 
@@ -356,8 +357,10 @@ impl Capabilities {
 ///   delete never mixes into it.
 /// - [`delete`](Self::delete) removes the key; [`ErrorKind::NotFound`] if absent.
 /// - [`pending`](Self::pending) lists writes started and neither committed nor aborted
-///   (scratch files of dead writers, unfinished multipart uploads) when the backend declares
-///   [`Capabilities::pending_listing`]; otherwise [`ErrorKind::Unsupported`].
+///   (scratch files of dead writers, unfinished multipart uploads), and
+///   [`clean_pending`](Self::clean_pending) removes those whose writer is gone, when the
+///   backend declares [`Capabilities::pending_listing`]; otherwise both fail with
+///   [`ErrorKind::Unsupported`].
 pub trait Storage: Send + Sync + fmt::Debug {
     /// What this backend promises.
     fn capabilities(&self) -> Capabilities;
@@ -389,6 +392,18 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn pending(&self) -> Result<Vec<String>> {
         Err(Error::unsupported(
             "this storage cannot list unfinished writes",
+        ))
+    }
+
+    /// Removes what dead writers left behind (scratch files of killed processes, abandoned
+    /// uploads) and returns what it removed. Writes still in progress are left alone.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unsupported`] unless the backend declares
+    /// [`Capabilities::pending_listing`].
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        Err(Error::unsupported(
+            "this storage cannot clean unfinished writes",
         ))
     }
 }

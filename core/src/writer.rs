@@ -238,10 +238,11 @@ impl Writer {
         }
 
         // Offsets are stored in the metadata, whose length decides where the data section
-        // starts, which (for alignments above 256) moves the offsets: iterate to a fixed point.
-        let mut data_start = TENSOR_ALIGNMENT;
-        for _ in 0..16 {
-            let (starts, data_len) = self.place(data_start)?;
+        // starts. At the default alignment the offsets do not depend on that start, so one
+        // pass with minimal integers gives burn-pack's exact bytes. Above it they do, so the
+        // offsets take a fixed width: the metadata length is then known before the offsets are.
+        let fixed_width = alignment != TENSOR_ALIGNMENT;
+        let encode = |starts: &[u64]| {
             let descriptors: Vec<DescriptorRef<'_>> = by_name
                 .values()
                 .map(|&index| {
@@ -255,37 +256,37 @@ impl Writer {
                     }
                 })
                 .collect();
-            let metadata = cbor::encode(&descriptors, &self.metadata, &self.scalars);
-            if metadata.len() as u64 > limits.max_metadata_len {
-                return Err(Error::new(
-                    ErrorKind::LimitExceeded,
-                    format!(
-                        "metadata of {} bytes is over the limit of {}",
-                        metadata.len(),
-                        limits.max_metadata_len
-                    ),
-                ));
-            }
-            let needed = format::data_section_start(metadata.len() as u64);
-            if needed == data_start || alignment == TENSOR_ALIGNMENT {
-                let trailer_len = if self.trailer {
-                    trailer::trailer_len(self.tensors.len())
-                } else {
-                    0
-                };
-                return Ok(Plan {
-                    metadata,
-                    data_start: needed,
-                    starts,
-                    data_len,
-                    trailer_len,
-                });
-            }
-            data_start = needed;
+            cbor::encode(&descriptors, &self.metadata, &self.scalars, fixed_width)
+        };
+        let (mut starts, mut data_len) = self.place(TENSOR_ALIGNMENT)?;
+        let mut metadata = encode(&starts);
+        let data_start = format::data_section_start(metadata.len() as u64);
+        if fixed_width {
+            (starts, data_len) = self.place(data_start)?;
+            metadata = encode(&starts);
         }
-        Err(Error::invalid(format!(
-            "could not find a stable layout at alignment {alignment}"
-        )))
+        if metadata.len() as u64 > limits.max_metadata_len {
+            return Err(Error::new(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "metadata of {} bytes is over the limit of {}",
+                    metadata.len(),
+                    limits.max_metadata_len
+                ),
+            ));
+        }
+        let trailer_len = if self.trailer {
+            trailer::trailer_len(self.tensors.len())
+        } else {
+            0
+        };
+        Ok(Plan {
+            metadata,
+            data_start,
+            starts,
+            data_len,
+            trailer_len,
+        })
     }
 
     /// Relative starts for every tensor given the data section's start, and the data length.

@@ -40,10 +40,15 @@ pub(crate) struct DescriptorRef<'a> {
 
 /// Encodes the metadata map. `tensors` must be sorted by name (bytewise), as burn-pack's
 /// `BTreeMap<String, _>` orders them.
+///
+/// With `fixed_width_offsets`, every `data_offsets` value takes the 9-byte CBOR form, so the
+/// metadata length does not depend on the offsets' values (any CBOR decoder, burn-pack's
+/// included, reads the wider form). Otherwise integers are minimal, as burn-pack writes them.
 pub(crate) fn encode(
     tensors: &[DescriptorRef<'_>],
     metadata: &BTreeMap<String, String>,
     scalars: &BTreeMap<String, Scalar>,
+    fixed_width_offsets: bool,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + tensors.len() * 64);
     let mut enc = Encoder::from(&mut out);
@@ -67,8 +72,14 @@ pub(crate) fn encode(
         }
         text(&mut enc, "data_offsets");
         emit(&mut enc, Header::Array(Some(2)));
-        emit(&mut enc, Header::Positive(tensor.offsets.0));
-        emit(&mut enc, Header::Positive(tensor.offsets.1));
+        for offset in [tensor.offsets.0, tensor.offsets.1] {
+            if fixed_width_offsets {
+                raw(&mut enc, &[0x1b]);
+                raw(&mut enc, &offset.to_be_bytes());
+            } else {
+                emit(&mut enc, Header::Positive(offset));
+            }
+        }
         if let Some(id) = tensor.param_id {
             text(&mut enc, "param_id");
             emit(&mut enc, Header::Positive(id));

@@ -1,0 +1,434 @@
+//! Local-file storage for weightbay.
+//!
+//! Saves are atomic and, by default, durable: bytes go to a scratch sibling
+//! `<name>.<pid>-<n>.tmp`, which is fsynced, renamed over the destination (or hard-linked for
+//! create-new), and the directory is fsynced. A failed or abandoned save removes its scratch
+//! file and leaves the destination exactly as it was; [`LocalStorage::clean_pending`] removes
+//! the scratch files of writers that were killed. Sources keep the open file handle, so a file
+//! replaced after open keeps reading the old bytes, and one truncated after open gives an
+//! error, never a panic. docs/DURABILITY.md states what survives a process kill and a power
+//! loss.
+//!
+//! ```
+//! use weightbay::{DType, Reader, Storage, Tensor, Writer};
+//! use weightbay_local::LocalStorage;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let storage = LocalStorage::new(dir.path());
+//! Writer::new(vec![Tensor::new("w", DType::U8, [3], vec![1, 2, 3])])
+//!     .write_to(&storage, "checkpoints/step-1.bpk")?;
+//! let reader = Reader::open(storage.open("checkpoints/step-1.bpk")?)?;
+//! assert_eq!(reader.read("w")?, vec![1, 2, 3]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod std_fs;
+
+use std::ffi::OsStr;
+use std::fmt;
+use std::io;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use std_fs::StdFileSystem;
+use weightbay::fs::{FileHandle, FileSystem};
+use weightbay::storage::{check_range, validate_key};
+use weightbay::{
+    AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind,
+    LazyRegion, Result, Sink, Source, Storage, WriteMode,
+};
+
+/// The suffix of scratch files; the full name is `<name>.<pid>-<n>.tmp`.
+const SCRATCH_SUFFIX: &str = ".tmp";
+
+/// Scratch files made by this process get distinct numbers.
+static NEXT_SCRATCH: AtomicU64 = AtomicU64::new(0);
+
+/// Containers as files under a root directory; keys are relative paths below it.
+#[derive(Debug, Clone)]
+pub struct LocalStorage {
+    root: PathBuf,
+    fs: Arc<dyn FileSystem>,
+}
+
+impl LocalStorage {
+    /// Files under `root` (created on the first write).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self::with_file_system(root, Arc::new(StdFileSystem))
+    }
+
+    /// Files under `root` through another file system (the conformance suite's simulated
+    /// disk, for crash testing).
+    pub fn with_file_system(root: impl Into<PathBuf>, fs: Arc<dyn FileSystem>) -> Self {
+        Self {
+            root: root.into(),
+            fs,
+        }
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, key: &str) -> Result<PathBuf> {
+        validate_key(key)?;
+        Ok(self.root.join(key))
+    }
+
+    /// Removes the scratch files of writers that are no longer running (their process id is
+    /// gone) and returns their paths relative to the root. Scratch files of live writers, in
+    /// this process or another, are left alone. Process liveness is read from `/proc`; where
+    /// there is none (not Linux), only this process's own stale scratch files are removed.
+    ///
+    /// # Errors
+    /// The file system's error.
+    pub fn clean_pending(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for (relative, pid) in self.scratch_files()? {
+            let alive = pid == std::process::id()
+                || (Path::new("/proc/self").exists()
+                    && Path::new("/proc").join(pid.to_string()).exists());
+            if !alive {
+                let path = self.root.join(&relative);
+                self.fs
+                    .remove_file(&path)
+                    .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+                removed.push(relative);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Every scratch file under the root, relative path and writer pid.
+    fn scratch_files(&self) -> Result<Vec<(String, u32)>> {
+        let mut found = Vec::new();
+        let mut dirs = vec![String::new()];
+        while let Some(relative) = dirs.pop() {
+            let dir = self.root.join(&relative);
+            let names = match self.fs.list_dir(&dir) {
+                Ok(names) => names,
+                Err(e) if e.kind() == io::ErrorKind::NotFound && relative.is_empty() => {
+                    return Ok(found);
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotADirectory | io::ErrorKind::NotFound
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
+            };
+            for name in names {
+                let Some(name) = name.to_str().map(str::to_owned) else {
+                    continue;
+                };
+                let child = if relative.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{relative}/{name}")
+                };
+                match scratch_pid(&name) {
+                    Some(pid) => found.push((child, pid)),
+                    None => dirs.push(child),
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// The writer pid in a scratch name `<name>.<pid>-<n>.tmp`.
+fn scratch_pid(name: &str) -> Option<u32> {
+    let stem = name.strip_suffix(SCRATCH_SUFFIX)?;
+    let (rest, counter) = stem.rsplit_once('-')?;
+    counter.parse::<u64>().ok()?;
+    let (_, pid) = rest.rsplit_once('.')?;
+    pid.parse().ok()
+}
+
+fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
+    Error::io(format!("{what} {}", path.display()), e)
+}
+
+impl Storage for LocalStorage {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+            .with_atomic_create_new()
+            .with_durable_commit()
+            .with_in_place_writes()
+            .with_pending_listing()
+    }
+
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        let path = self.path(key)?;
+        self.capabilities().check(options)?;
+        let durable = options.durability != Durability::Flushed;
+        let parent = path.parent().unwrap_or(&self.root).to_path_buf();
+        self.fs
+            .create_dir_all(&parent)
+            .map_err(|e| io_error("creating directory", &parent, e))?;
+        if options.mode == WriteMode::InPlace {
+            let file = self
+                .fs
+                .create_truncate(&path)
+                .map_err(|e| io_error("opening", &path, e))?;
+            return Ok(Box::new(InPlaceSink {
+                file,
+                path,
+                durable,
+            }));
+        }
+        if options.mode == WriteMode::CreateNew && self.fs.open(&path).is_ok() {
+            return Err(Error::new(ErrorKind::AlreadyExists, "file exists").with_key(key));
+        }
+        let file_name = path
+            .file_name()
+            .unwrap_or(OsStr::new("container"))
+            .to_string_lossy();
+        let scratch = parent.join(format!(
+            "{file_name}.{}-{}{SCRATCH_SUFFIX}",
+            std::process::id(),
+            NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = self
+            .fs
+            .create_new(&scratch)
+            .map_err(|e| io_error("creating", &scratch, e))?;
+        Ok(Box::new(AtomicSink {
+            fs: Arc::clone(&self.fs),
+            file: Some(file),
+            scratch,
+            path,
+            parent,
+            create_new: options.mode == WriteMode::CreateNew,
+            durable,
+            written: 0,
+            expected_len: options.expected_len,
+        }))
+    }
+
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+        let path = self.path(key)?;
+        let file = self
+            .fs
+            .open(&path)
+            .map_err(|e| io_error("opening", &path, e).with_key(key))?;
+        let len = file
+            .file_len()
+            .map_err(|e| io_error("reading the length of", &path, e))?;
+        Ok(Arc::new(LocalSource(Arc::new(OpenFile {
+            file,
+            len,
+            path,
+        }))))
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        self.fs
+            .remove_file(&path)
+            .map_err(|e| io_error("removing", &path, e).with_key(key))?;
+        let parent = path.parent().unwrap_or(&self.root);
+        self.fs
+            .sync_dir(parent)
+            .map_err(|e| io_error("syncing directory", parent, e))
+    }
+
+    fn pending(&self) -> Result<Vec<String>> {
+        Ok(self
+            .scratch_files()?
+            .into_iter()
+            .map(|(path, _)| path)
+            .collect())
+    }
+
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        LocalStorage::clean_pending(self)
+    }
+}
+
+/// Writes a scratch file and publishes it by rename (or hard link, for create-new).
+struct AtomicSink {
+    fs: Arc<dyn FileSystem>,
+    /// `None` once committed.
+    file: Option<Box<dyn FileHandle>>,
+    scratch: PathBuf,
+    path: PathBuf,
+    parent: PathBuf,
+    create_new: bool,
+    durable: bool,
+    written: u64,
+    expected_len: Option<u64>,
+}
+
+impl Sink for AtomicSink {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        let file = self
+            .file
+            .as_mut()
+            .ok_or_else(|| Error::new(ErrorKind::Io, "sink already committed"))?;
+        file.write_all(data)
+            .map_err(|e| io_error("writing", &self.scratch, e).with_offset(self.written))?;
+        self.written += data.len() as u64;
+        Ok(())
+    }
+
+    fn commit(mut self: Box<Self>) -> Result<()> {
+        if let Some(expected) = self.expected_len
+            && expected != self.written
+        {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("{} bytes written, {expected} were planned", self.written),
+            ));
+        }
+        let Some(file) = self.file.take() else {
+            return Err(Error::new(ErrorKind::Io, "sink already committed"));
+        };
+        if self.durable {
+            file.sync_all()
+                .map_err(|e| io_error("syncing", &self.scratch, e))?;
+        }
+        drop(file);
+        if self.create_new {
+            match self.fs.hard_link(&self.scratch, &self.path) {
+                Ok(()) => {
+                    // The container is published; the scratch name is only a second link.
+                    let _ = self.fs.remove_file(&self.scratch);
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    return Err(Error::new(
+                        ErrorKind::AlreadyExists,
+                        format!("{} exists", self.path.display()),
+                    ));
+                }
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                    // No hard links here (some FUSE and network file systems): check, then
+                    // rename. Two writers racing in this window can both succeed.
+                    if self.fs.open(&self.path).is_ok() {
+                        return Err(Error::new(
+                            ErrorKind::AlreadyExists,
+                            format!("{} exists", self.path.display()),
+                        ));
+                    }
+                    self.fs
+                        .rename(&self.scratch, &self.path)
+                        .map_err(|e| io_error("renaming onto", &self.path, e))?;
+                }
+                Err(e) => return Err(io_error("linking", &self.path, e)),
+            }
+        } else {
+            self.fs
+                .copy_permissions(&self.path, &self.scratch)
+                .map_err(|e| io_error("copying permissions of", &self.path, e))?;
+            self.fs
+                .rename(&self.scratch, &self.path)
+                .map_err(|e| io_error("renaming onto", &self.path, e))?;
+        }
+        // Published: from here on, Drop must not remove anything.
+        self.scratch = PathBuf::new();
+        if self.durable {
+            self.fs
+                .sync_dir(&self.parent)
+                .map_err(|e| io_error("syncing directory", &self.parent, e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AtomicSink {
+    fn drop(&mut self) {
+        if !self.scratch.as_os_str().is_empty() {
+            self.file = None;
+            // Best effort: a scratch file that cannot be removed now is found later by
+            // `clean_pending`.
+            let _ = self.fs.remove_file(&self.scratch);
+        }
+    }
+}
+
+/// Writes the destination itself, keeping its inode; a failure leaves it truncated.
+struct InPlaceSink {
+    file: Box<dyn FileHandle>,
+    path: PathBuf,
+    durable: bool,
+}
+
+impl Sink for InPlaceSink {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.file
+            .write_all(data)
+            .map_err(|e| io_error("writing", &self.path, e))
+    }
+
+    fn commit(self: Box<Self>) -> Result<()> {
+        if self.durable {
+            self.file
+                .sync_all()
+                .map_err(|e| io_error("syncing", &self.path, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The handle a source reads through, with the length seen at open.
+#[derive(Debug)]
+struct OpenFile {
+    file: Box<dyn FileHandle>,
+    len: u64,
+    path: PathBuf,
+}
+
+impl Source for OpenFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        check_range(&(offset..offset.saturating_add(buf.len() as u64)), self.len)?;
+        self.file.read_at(offset, buf).map_err(|e| {
+            let message = if e.kind() == io::ErrorKind::UnexpectedEof {
+                format!("{} shrank after it was opened", self.path.display())
+            } else {
+                format!("reading {}", self.path.display())
+            };
+            Error::new(ErrorKind::Io, message)
+                .with_offset(offset)
+                .with_source(e)
+        })
+    }
+}
+
+/// A file opened for reading: `read_at` through the held handle (never reopened by path);
+/// `bytes` are lazy file regions over that handle.
+struct LocalSource(Arc<OpenFile>);
+
+impl fmt::Debug for LocalSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("LocalSource").field(&self.0.path).finish()
+    }
+}
+
+impl Source for LocalSource {
+    fn len(&self) -> u64 {
+        self.0.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.0.read_at(offset, buf)
+    }
+
+    fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
+        let region = LazyRegion::new(
+            Arc::clone(&self.0) as Arc<dyn Source>,
+            range,
+            AllocationProperty::File,
+        )?;
+        Ok(Bytes::from_controller(Box::new(region)))
+    }
+}

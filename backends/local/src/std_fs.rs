@@ -1,0 +1,111 @@
+//! The real file system behind the seam: plain `std::fs`.
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+
+use weightbay::fs::{FileHandle, FileSystem};
+
+/// `std::fs`, unchanged.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StdFileSystem;
+
+#[derive(Debug)]
+struct StdFile(File);
+
+impl FileHandle for StdFile {
+    fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        self.0.write_all(data)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, offset)
+        }
+        #[cfg(windows)]
+        {
+            let mut done = 0;
+            while done < buf.len() {
+                match std::os::windows::fs::FileExt::seek_read(
+                    &self.0,
+                    &mut buf[done..],
+                    offset + done as u64,
+                )? {
+                    0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                    n => done += n,
+                }
+            }
+            Ok(())
+        }
+    }
+
+    fn file_len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+}
+
+impl FileSystem for StdFileSystem {
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
+        let file = OpenOptions::new().write(true).create_new(true).open(path)?;
+        Ok(Box::new(StdFile(file)))
+    }
+
+    fn create_truncate(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        Ok(Box::new(StdFile(file)))
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
+        Ok(Box::new(StdFile(File::open(path)?)))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::hard_link(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        // Windows cannot open a directory as a file; NTFS journals renames itself.
+        if cfg!(unix) {
+            File::open(dir)?.sync_all()
+        } else {
+            Ok(())
+        }
+    }
+
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+        fs::read_dir(dir)?
+            .map(|entry| entry.map(|e| e.file_name()))
+            .collect()
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        fs::create_dir_all(dir)
+    }
+
+    fn copy_permissions(&self, from: &Path, to: &Path) -> io::Result<()> {
+        match fs::symlink_metadata(from) {
+            Ok(meta) if meta.is_file() => fs::set_permissions(to, meta.permissions()),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! The conformance harness for [`LocalStorage`]: each fresh storage is its own directory under
+//! one temporary root that lives as long as the harness.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use weightbay::fs::FileSystem;
+use weightbay_conformance::Harness;
+use weightbay_local::LocalStorage;
+
+#[derive(Debug)]
+pub struct Local {
+    root: tempfile::TempDir,
+    next: AtomicUsize,
+}
+
+impl Default for Local {
+    fn default() -> Self {
+        Self {
+            root: tempfile::tempdir().expect("a temporary directory"),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Harness for Local {
+    type Storage = LocalStorage;
+
+    fn fresh(&self) -> LocalStorage {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        LocalStorage::new(self.root.path().join(format!("storage-{n}")))
+    }
+
+    fn reopen(&self, storage: &LocalStorage) -> LocalStorage {
+        LocalStorage::new(storage.root())
+    }
+
+    fn locator(&self, storage: &LocalStorage) -> Option<String> {
+        storage.root().to_str().map(str::to_owned)
+    }
+
+    fn reopen_at(&self, locator: &str) -> Option<LocalStorage> {
+        Some(LocalStorage::new(PathBuf::from(locator)))
+    }
+
+    fn over_file_system(&self, fs: Arc<dyn FileSystem>) -> Option<LocalStorage> {
+        Some(LocalStorage::with_file_system("/simulated/root", fs))
+    }
+}

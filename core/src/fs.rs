@@ -1,0 +1,110 @@
+//! The file-system seam: every file operation the local backend performs, behind one small
+//! trait, so the conformance suite's simulated disk can crash the real backend code after any
+//! operation and check what survives. The real implementation (plain `std::fs`) lives in
+//! `weightbay-local`.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::io;
+use std::path::Path;
+
+/// An open file.
+///
+/// # Contract
+/// Writes append at the end of what this handle wrote so far. `read_at` fills `buf` exactly or
+/// fails with `UnexpectedEof`. `sync_all` makes the written bytes and the file's length
+/// durable: after it returns they survive power loss (the directory entry does not, until
+/// [`FileSystem::sync_dir`]).
+pub trait FileHandle: Send + Sync + fmt::Debug {
+    /// Appends `data`.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn write_all(&mut self, data: &[u8]) -> io::Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    ///
+    /// # Errors
+    /// `UnexpectedEof` past the end; the operating system's error.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// The file's current length.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn file_len(&self) -> io::Result<u64>;
+
+    /// Makes the written bytes durable (fsync).
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn sync_all(&self) -> io::Result<()>;
+}
+
+/// Directory and file operations, named after their `std::fs` counterparts.
+///
+/// # Contract
+/// `rename`, `hard_link` and `remove_file` change directory entries atomically but not
+/// durably: only `sync_dir` of the parent makes them survive power loss. `hard_link` fails with
+/// `AlreadyExists` when `to` exists. `create_new` fails with `AlreadyExists` when `path` exists.
+pub trait FileSystem: Send + Sync + fmt::Debug {
+    /// Creates `path` for writing; fails if it exists.
+    ///
+    /// # Errors
+    /// `AlreadyExists`; the operating system's error.
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn FileHandle>>;
+
+    /// Opens `path` for writing, creating or truncating it, following symlinks.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn create_truncate(&self, path: &Path) -> io::Result<Box<dyn FileHandle>>;
+
+    /// Opens `path` for reading.
+    ///
+    /// # Errors
+    /// `NotFound`; the operating system's error.
+    fn open(&self, path: &Path) -> io::Result<Box<dyn FileHandle>>;
+
+    /// Atomically replaces `to` with `from`.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Makes `to` a second name of `from`; fails if `to` exists.
+    ///
+    /// # Errors
+    /// `AlreadyExists`; `Unsupported` where the file system has no hard links.
+    fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Removes the name `path`.
+    ///
+    /// # Errors
+    /// `NotFound`; the operating system's error.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+
+    /// Makes the entries of directory `dir` durable (fsync of the directory).
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+
+    /// The names in directory `dir`.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<OsString>>;
+
+    /// Creates `dir` and its parents.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+
+    /// Gives `to` the permission bits of `from`, if `from` exists as a regular file.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn copy_permissions(&self, from: &Path, to: &Path) -> io::Result<()>;
+}
