@@ -1,9 +1,25 @@
 //! The conformance suite every weightbay storage backend must pass.
 //!
-//! A backend implements [`Harness`] for its storage and writes one line:
+//! A backend implements [`Harness`] for its storage and writes one line in a test file:
 //!
-//! ```ignore
-//! weightbay_conformance::suite!(MyHarness::new());
+//! ```
+//! use weightbay::MemoryStorage;
+//! use weightbay_conformance::Harness;
+//!
+//! struct Memory;
+//!
+//! impl Harness for Memory {
+//!     type Storage = MemoryStorage;
+//!     fn fresh(&self) -> MemoryStorage {
+//!         MemoryStorage::new()
+//!     }
+//!     fn reopen(&self, storage: &MemoryStorage) -> MemoryStorage {
+//!         storage.clone()
+//!     }
+//! }
+//!
+//! weightbay_conformance::suite!(Memory);
+//! # fn main() {}
 //! ```
 //!
 //! which expands to one `#[test]` per case in [`cases`], so each case is named, filterable and

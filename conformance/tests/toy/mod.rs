@@ -1,0 +1,178 @@
+//! A small, complete backend written outside core: containers in a `HashMap` behind a mutex.
+//! It is the worked example of docs/ADDING_A_BACKEND.md, and, with a [`Defect`] switched on,
+//! the broken backends the suite must catch.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use weightbay::storage::{check_range, validate_key};
+use weightbay::{
+    Capabilities, CreateOptions, Error, ErrorKind, Result, Sink, Source, Storage, WriteMode,
+};
+use weightbay_conformance::Harness;
+
+/// A deliberate bug, for showing that the suite fails loudly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Defect {
+    /// Every write is visible at the key at once, before commit.
+    PublishesPartialWrites,
+    /// Declares race-free create-new but overwrites anyway.
+    IgnoresCreateNew,
+    /// Every third write is dropped and reported as done, like a swallowed I/O error.
+    SwallowsWriteErrors,
+    /// Opening a key returns the first container ever committed there.
+    ServesStaleReads,
+}
+
+#[derive(Debug, Default)]
+struct Objects {
+    current: HashMap<String, Arc<[u8]>>,
+    first: HashMap<String, Arc<[u8]>>,
+}
+
+/// Containers in a `HashMap`. Clones share the map.
+#[derive(Debug, Clone, Default)]
+pub struct HashMapStorage {
+    objects: Arc<Mutex<Objects>>,
+    defect: Option<Defect>,
+}
+
+impl HashMapStorage {
+    fn lock(&self) -> MutexGuard<'_, Objects> {
+        self.objects
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn publish(&self, key: &str, bytes: &[u8]) {
+        let bytes: Arc<[u8]> = bytes.into();
+        let mut objects = self.lock();
+        objects
+            .first
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::clone(&bytes));
+        objects.current.insert(key.to_owned(), bytes);
+    }
+}
+
+impl Storage for HashMapStorage {
+    fn capabilities(&self) -> Capabilities {
+        // A deliberate choice: race-free create-new (one lock), nothing durable, no in-place
+        // writes. The suite checks that the undeclared ones are refused.
+        Capabilities::NONE.with_atomic_create_new()
+    }
+
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        validate_key(key)?;
+        self.capabilities().check(options)?;
+        Ok(Box::new(HashMapSink {
+            storage: self.clone(),
+            key: key.to_owned(),
+            create_new: options.mode == WriteMode::CreateNew,
+            buffer: Vec::new(),
+            writes: 0,
+        }))
+    }
+
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+        validate_key(key)?;
+        let objects = self.lock();
+        let table = if self.defect == Some(Defect::ServesStaleReads) {
+            &objects.first
+        } else {
+            &objects.current
+        };
+        let bytes = table
+            .get(key)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "no such key").with_key(key))?;
+        Ok(Arc::new(HashMapSource(bytes)))
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        validate_key(key)?;
+        let mut objects = self.lock();
+        objects.first.remove(key);
+        objects
+            .current
+            .remove(key)
+            .map(|_| ())
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, "no such key").with_key(key))
+    }
+}
+
+struct HashMapSink {
+    storage: HashMapStorage,
+    key: String,
+    create_new: bool,
+    buffer: Vec<u8>,
+    writes: u64,
+}
+
+impl Sink for HashMapSink {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.writes += 1;
+        if self.storage.defect == Some(Defect::SwallowsWriteErrors) && self.writes % 3 == 0 {
+            return Ok(());
+        }
+        self.buffer.extend_from_slice(data);
+        if self.storage.defect == Some(Defect::PublishesPartialWrites) {
+            self.storage.publish(&self.key, &self.buffer);
+        }
+        Ok(())
+    }
+
+    fn commit(self: Box<Self>) -> Result<()> {
+        let check = self.create_new && self.storage.defect != Some(Defect::IgnoresCreateNew);
+        // Check and insert under one lock: that is what makes create-new race-free.
+        let mut objects = self.storage.lock();
+        if check && objects.current.contains_key(&self.key) {
+            return Err(Error::new(ErrorKind::AlreadyExists, "key is taken").with_key(&self.key));
+        }
+        let bytes: Arc<[u8]> = self.buffer.into();
+        objects
+            .first
+            .entry(self.key.clone())
+            .or_insert_with(|| Arc::clone(&bytes));
+        objects.current.insert(self.key, bytes);
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct HashMapSource(Arc<[u8]>);
+
+impl Source for HashMapSource {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset.saturating_add(buf.len() as u64);
+        check_range(&(offset..end), self.len())?;
+        // In range, so both ends fit in usize.
+        buf.copy_from_slice(&self.0[offset as usize..end as usize]);
+        Ok(())
+    }
+}
+
+/// The harness: a fresh map per storage, optionally with a defect.
+#[derive(Debug, Default)]
+pub struct HashMapHarness {
+    pub defect: Option<Defect>,
+}
+
+impl Harness for HashMapHarness {
+    type Storage = HashMapStorage;
+
+    fn fresh(&self) -> HashMapStorage {
+        HashMapStorage {
+            defect: self.defect,
+            ..HashMapStorage::default()
+        }
+    }
+
+    fn reopen(&self, storage: &HashMapStorage) -> HashMapStorage {
+        storage.clone()
+    }
+}
