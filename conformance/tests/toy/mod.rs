@@ -112,7 +112,8 @@ struct HashMapSink {
 impl Sink for HashMapSink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
         self.writes += 1;
-        if self.storage.defect == Some(Defect::SwallowsWriteErrors) && self.writes.is_multiple_of(3) {
+        if self.storage.defect == Some(Defect::SwallowsWriteErrors) && self.writes.is_multiple_of(3)
+        {
             return Ok(());
         }
         self.buffer.extend_from_slice(data);

@@ -1,0 +1,219 @@
+//! File-level guarantees of the local backend beyond the conformance suite.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use weightbay::{DType, Durability, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer};
+use weightbay_local::LocalStorage;
+
+fn container(fill: u8, len: usize) -> Writer {
+    Writer::new(vec![Tensor::new(
+        "w",
+        DType::U8,
+        [len as u64],
+        vec![fill; len],
+    )])
+}
+
+#[test]
+fn permissions_carry_over_and_symlinks_are_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    container(1, 10).write_to(&storage, "m.bpk").unwrap();
+    let path = dir.path().join("m.bpk");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+    container(2, 10).write_to(&storage, "m.bpk").unwrap();
+    assert_eq!(
+        fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o640
+    );
+
+    let target = dir.path().join("elsewhere.bpk");
+    fs::write(&target, b"untouched").unwrap();
+    std::os::unix::fs::symlink(&target, dir.path().join("link.bpk")).unwrap();
+    container(3, 10).write_to(&storage, "link.bpk").unwrap();
+    assert!(
+        !fs::symlink_metadata(dir.path().join("link.bpk"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(fs::read(&target).unwrap(), b"untouched");
+}
+
+#[test]
+fn in_place_writes_keep_the_inode_and_follow_symlinks() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    container(1, 10).write_to(&storage, "m.bpk").unwrap();
+    let path = dir.path().join("m.bpk");
+    let inode = fs::metadata(&path).unwrap().ino();
+    fs::hard_link(&path, dir.path().join("other-name.bpk")).unwrap();
+    container(2, 20)
+        .with_mode(WriteMode::InPlace)
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().ino(), inode);
+    let reader = Reader::open(storage.open("other-name.bpk").unwrap()).unwrap();
+    assert_eq!(
+        reader.read("w").unwrap(),
+        vec![2; 20],
+        "the other hard link sees the new bytes"
+    );
+}
+
+#[test]
+fn a_source_keeps_its_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    container(1, 5000).write_to(&storage, "m.bpk").unwrap();
+    let reader = Reader::open(storage.open("m.bpk").unwrap()).unwrap();
+    // Replaced by rename: the open handle still reads the old inode.
+    container(2, 5000).write_to(&storage, "m.bpk").unwrap();
+    assert_eq!(reader.read("w").unwrap(), vec![1; 5000]);
+    reader.verify().unwrap();
+
+    // Truncated in place: a typed error, never a panic.
+    let reader = Reader::open(storage.open("m.bpk").unwrap()).unwrap();
+    let bytes = reader.bytes("w").unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("m.bpk"))
+        .unwrap()
+        .set_len(300)
+        .unwrap();
+    let err = bytes.to_vec().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io);
+    assert!(
+        err.to_string().contains("shrank after it was opened"),
+        "{err}"
+    );
+    assert_eq!(reader.verify().unwrap_err().kind(), ErrorKind::Io);
+}
+
+#[test]
+fn clean_pending_removes_only_dead_writers_scratch_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    container(1, 10).write_to(&storage, "sub/m.bpk").unwrap();
+    // A scratch file of a process that no longer exists, and one of a live process.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    fs::write(
+        dir.path().join(format!("sub/m.bpk.{dead}-7.tmp")),
+        b"partial",
+    )
+    .unwrap();
+    let live = std::process::id();
+    fs::write(
+        dir.path().join(format!("m.bpk.{live}-99.tmp")),
+        b"in progress",
+    )
+    .unwrap();
+    let mut pending = storage.pending().unwrap();
+    pending.sort();
+    assert_eq!(
+        pending,
+        [
+            format!("m.bpk.{live}-99.tmp"),
+            format!("sub/m.bpk.{dead}-7.tmp")
+        ]
+    );
+    assert_eq!(
+        storage.clean_pending().unwrap(),
+        [format!("sub/m.bpk.{dead}-7.tmp")]
+    );
+    assert_eq!(storage.pending().unwrap(), [format!("m.bpk.{live}-99.tmp")]);
+    assert!(dir.path().join("sub/m.bpk").exists());
+}
+
+#[test]
+fn flushed_durability_still_publishes_atomically() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    container(4, 100)
+        .with_durability(Durability::Flushed)
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    assert_eq!(
+        Reader::open(storage.open("m.bpk").unwrap())
+            .unwrap()
+            .read("w")
+            .unwrap(),
+        vec![4; 100]
+    );
+    assert!(storage.pending().unwrap().is_empty());
+}
+
+#[test]
+fn errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("blocker"),
+        b"a file where a directory should be",
+    )
+    .unwrap();
+    let storage = LocalStorage::new(dir.path());
+    let err = container(1, 1)
+        .write_to(&storage, "blocker/m.bpk")
+        .unwrap_err();
+    assert!(err.to_string().contains("blocker"), "{err}");
+    assert_eq!(err.key(), Some("blocker/m.bpk"));
+    let err = storage.open("missing.bpk").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert!(err.to_string().contains("missing.bpk"), "{err}");
+}
+
+/// Writes a file with holes for padding, so an 8 GiB offset costs no disk.
+struct SparseFileSink(fs::File);
+
+impl weightbay::Sink for SparseFileSink {
+    fn write(&mut self, data: &[u8]) -> weightbay::Result<()> {
+        use std::io::Write;
+        self.0
+            .write_all(data)
+            .map_err(|e| weightbay::Error::io("write", e))
+    }
+    fn pad(&mut self, len: u64) -> weightbay::Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let offset = i64::try_from(len).unwrap();
+        self.0
+            .seek(SeekFrom::Current(offset))
+            .map(|_| ())
+            .map_err(|e| weightbay::Error::io("seek", e))
+    }
+    fn commit(self: Box<Self>) -> weightbay::Result<()> {
+        Ok(())
+    }
+}
+
+/// A tensor placed at an absolute offset of 8 GiB (a sparse file) reads back through the
+/// local source, and verifies.
+#[test]
+fn offsets_beyond_four_gib() {
+    const EIGHT_GIB: u64 = 8 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let file = fs::File::create(dir.path().join("big.bpk")).unwrap();
+    let tail = Tensor::new(
+        "tail",
+        DType::U32,
+        [2],
+        [7u32, 9].map(u32::to_le_bytes).concat(),
+    );
+    let mut sink = SparseFileSink(file);
+    let len = Writer::new(vec![tail])
+        .with_alignment(EIGHT_GIB)
+        .write_to_sink(&mut sink)
+        .unwrap();
+    assert!(len > EIGHT_GIB);
+    assert_eq!(fs::metadata(dir.path().join("big.bpk")).unwrap().len(), len);
+
+    let storage = LocalStorage::new(dir.path());
+    let reader = Reader::open(storage.open("big.bpk").unwrap()).unwrap();
+    assert_eq!(reader.tensor("tail").unwrap().range().start, EIGHT_GIB);
+    assert_eq!(
+        reader.read("tail").unwrap(),
+        [7u32, 9].map(u32::to_le_bytes).concat()
+    );
+}

@@ -1,0 +1,186 @@
+//! Memory-mapped reads for weightbay.
+//!
+//! [`MmapStorage`] saves through the local backend's durable atomic path and opens containers
+//! as shared read-only memory maps: [`Source::bytes`] hands out zero-copy [`Bytes`] (property
+//! [`AllocationProperty::Mmap`]) that keep the map alive, so tensor bytes outlive the source
+//! and the reader that produced them.
+//!
+//! # The SIGBUS hazard
+//! A mapped file that another process truncates makes any later access to the lost pages raise
+//! SIGBUS, which kills the process; no Rust code can turn it into an error. Saves through
+//! weightbay replace files by rename (a new inode), which a live map never sees, and this
+//! storage refuses in-place writes for that reason. For files other programs may rewrite in
+//! place, or on shared and network file systems, read through `weightbay_local::LocalStorage`
+//! instead: its pread source turns a truncation into an error.
+//!
+//! ```
+//! use weightbay::{AccessPolicy, AllocationProperty, DType, Reader, Storage, Tensor, Writer};
+//! use weightbay_mmap::MmapStorage;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let storage = MmapStorage::new(dir.path());
+//! Writer::new(vec![Tensor::new("w", DType::U8, [4], vec![1, 2, 3, 4])]).write_to(&storage, "m.bpk")?;
+//! let bytes = Reader::open(storage.open("m.bpk")?)?.bytes("w")?; // the reader is dropped here
+//! assert_eq!(bytes.property(), AllocationProperty::Mmap);
+//! assert_eq!(bytes.read(AccessPolicy::ZeroCopy)?, &[1, 2, 3, 4]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::{Advice, Mmap};
+use weightbay::storage::{check_range, validate_key};
+use weightbay::{
+    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Result, Sink, Source, Storage,
+};
+use weightbay_local::LocalStorage;
+
+/// How a map is prepared when it is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prefetch {
+    /// Let the kernel page in on demand (the default).
+    #[default]
+    OnDemand,
+    /// Tell the kernel the whole file will be read front to back soon (`MADV_WILLNEED` and
+    /// `MADV_SEQUENTIAL`): the cheap choice for loading every tensor.
+    Sequential,
+}
+
+/// Local files, read through shared memory maps and written through [`LocalStorage`].
+#[derive(Debug, Clone)]
+pub struct MmapStorage {
+    local: LocalStorage,
+    prefetch: Prefetch,
+}
+
+impl MmapStorage {
+    /// Files under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            local: LocalStorage::new(root),
+            prefetch: Prefetch::OnDemand,
+        }
+    }
+
+    /// Sets how maps are prepared on open.
+    #[must_use]
+    pub fn with_prefetch(mut self, prefetch: Prefetch) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// The local storage that does the writing.
+    pub fn local(&self) -> &LocalStorage {
+        &self.local
+    }
+
+    /// Maps the container at `key`.
+    ///
+    /// # Errors
+    /// [`NotFound`](weightbay::ErrorKind::NotFound); the operating system's error.
+    pub fn open_mmap(&self, key: &str) -> Result<MmapSource> {
+        validate_key(key)?;
+        MmapSource::open(&self.local.root().join(key), self.prefetch).map_err(|e| e.with_key(key))
+    }
+}
+
+impl Storage for MmapStorage {
+    fn capabilities(&self) -> Capabilities {
+        let mut capabilities = self.local.capabilities().with_zero_copy_reads();
+        // Writing a mapped file in place could truncate it under a live map (SIGBUS).
+        capabilities.in_place_writes = false;
+        capabilities
+    }
+
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        self.capabilities().check(options)?;
+        self.local.create(key, options)
+    }
+
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(self.open_mmap(key)?))
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        self.local.delete(key)
+    }
+
+    fn pending(&self) -> Result<Vec<String>> {
+        self.local.pending()
+    }
+
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        self.local.clean_pending()
+    }
+}
+
+/// A shared read-only map of one file. Cloning and [`bytes`](Source::bytes) share the map;
+/// it is unmapped when the last of them is dropped.
+#[derive(Debug, Clone)]
+pub struct MmapSource {
+    map: bytes::Bytes,
+    path: PathBuf,
+}
+
+impl MmapSource {
+    /// Maps the file at `path`.
+    ///
+    /// # Errors
+    /// [`NotFound`](weightbay::ErrorKind::NotFound); the operating system's error.
+    pub fn open(path: &Path, prefetch: Prefetch) -> Result<Self> {
+        let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
+        let file = File::open(path).map_err(|e| io("opening", e))?;
+        // SAFETY: the map is read-only and private to this process's view of an inode that
+        // weightbay never modifies in place (saves replace files by rename). Another program
+        // truncating the file could still raise SIGBUS; the crate docs state the hazard.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| io("mapping", e))?;
+        if prefetch == Prefetch::Sequential && !map.is_empty() {
+            // Advice is a hint: a kernel that ignores it changes nothing but speed.
+            let _ = map.advise(Advice::Sequential);
+            let _ = map.advise(Advice::WillNeed);
+        }
+        Ok(Self {
+            map: bytes::Bytes::from_owner(map),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The mapped path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The whole mapped file as zero-copy bytes.
+    pub fn as_bytes(&self) -> Bytes {
+        Bytes::from_shared(self.map.clone(), AllocationProperty::Mmap)
+    }
+
+    fn span(&self, range: &Range<u64>) -> Result<Range<usize>> {
+        check_range(range, self.len())?;
+        // Within the map, so both ends fit in usize.
+        Ok(range.start as usize..range.end as usize)
+    }
+}
+
+impl Source for MmapSource {
+    fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let span = self.span(&(offset..offset.saturating_add(buf.len() as u64)))?;
+        buf.copy_from_slice(&self.map[span]);
+        Ok(())
+    }
+
+    fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
+        let span = self.span(&range)?;
+        Ok(Bytes::from_shared(
+            self.map.slice(span),
+            AllocationProperty::Mmap,
+        ))
+    }
+}

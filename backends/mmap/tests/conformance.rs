@@ -1,0 +1,46 @@
+//! The mmap backend passes the conformance suite: zero-copy reads, and the local backend's
+//! durable atomic saves (in-place writes refused).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use weightbay_conformance::Harness;
+use weightbay_mmap::MmapStorage;
+
+#[derive(Debug)]
+struct Mmap {
+    root: tempfile::TempDir,
+    next: AtomicUsize,
+}
+
+impl Default for Mmap {
+    fn default() -> Self {
+        Self {
+            root: tempfile::tempdir().expect("a temporary directory"),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Harness for Mmap {
+    type Storage = MmapStorage;
+
+    fn fresh(&self) -> MmapStorage {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        MmapStorage::new(self.root.path().join(format!("storage-{n}")))
+    }
+
+    fn reopen(&self, storage: &MmapStorage) -> MmapStorage {
+        MmapStorage::new(storage.local().root())
+    }
+
+    fn locator(&self, storage: &MmapStorage) -> Option<String> {
+        storage.local().root().to_str().map(str::to_owned)
+    }
+
+    fn reopen_at(&self, locator: &str) -> Option<MmapStorage> {
+        Some(MmapStorage::new(PathBuf::from(locator)))
+    }
+}
+
+weightbay_conformance::suite!(Mmap::default());

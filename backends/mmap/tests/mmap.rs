@@ -1,0 +1,41 @@
+//! Zero-copy bytes that outlive their source, and map preparation.
+
+use weightbay::{AccessPolicy, AllocationProperty, DType, Reader, Storage, Tensor, Writer};
+use weightbay_mmap::{MmapStorage, Prefetch};
+
+#[test]
+fn tensor_bytes_outlive_the_reader_and_survive_a_replacement() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = MmapStorage::new(dir.path()).with_prefetch(Prefetch::Sequential);
+    let data: Vec<u8> = (0..=255).collect();
+    Writer::new(vec![Tensor::new("w", DType::U8, [256], data.clone())])
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let reader = Reader::open(storage.open("m.bpk").unwrap()).unwrap();
+    let bytes = reader.bytes("w").unwrap();
+    let address = bytes.read(AccessPolicy::ZeroCopy).unwrap().as_ptr();
+    drop(reader);
+    // Replace the file: the live map keeps the old inode.
+    Writer::new(vec![Tensor::new("w", DType::U8, [256], vec![0; 256])])
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let view = bytes.read(AccessPolicy::ZeroCopy).unwrap();
+    assert_eq!(view.as_ptr(), address, "still the same mapped memory");
+    assert_eq!(view, &data[..]);
+    assert_eq!(bytes.property(), AllocationProperty::Mmap);
+    assert!(
+        bytes.alignment() >= 256,
+        "tensors are 256-aligned in the file and the map is page-aligned"
+    );
+}
+
+#[test]
+fn in_place_writes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = MmapStorage::new(dir.path());
+    let err = Writer::new(vec![])
+        .with_mode(weightbay::WriteMode::InPlace)
+        .write_to(&storage, "m.bpk")
+        .unwrap_err();
+    assert_eq!(err.kind(), weightbay::ErrorKind::Unsupported);
+}

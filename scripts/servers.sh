@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# Start / stop local object-store servers on 127.0.0.1 for weightbay's tests and CI.
+#
+#   vars=$(scripts/servers.sh start s3) && eval "$vars"    # moto (S3)
+#   vars=$(scripts/servers.sh start gcs) && eval "$vars"   # fake GCS XML API (test fixture)
+#   scripts/servers.sh stop s3|gcs
+#   scripts/servers.sh stop-all
+#
+# `start` prints only `export VAR=...` lines on stdout (everything else goes to stderr), so its
+# output can be eval'ed. Prefer the `vars=$(...) && eval "$vars"` form above: a plain
+# `eval "$(scripts/servers.sh start s3)"` evaluates an empty string when start fails, and eval of
+# nothing succeeds, so `set -e` would not stop the caller.
+#
+#   s3:  moto[s3] from PyPI, installed into a venv under $WEIGHTBAY_CACHE (created on first use,
+#        reused afterwards). Prints AWS_ENDPOINT AWS_ALLOW_HTTP AWS_ACCESS_KEY_ID
+#        AWS_SECRET_ACCESS_KEY AWS_DEFAULT_REGION AWS_BUCKET (what object_store's
+#        AmazonS3Builder::from_env() reads) and WEIGHTBAY_S3_URL.
+#   gcs: backends/object-store/tests/fixtures/fake_gcs_xml.py (stdlib only) with --versioning.
+#        Prints GOOGLE_SERVICE_ACCOUNT GOOGLE_BUCKET (what GoogleCloudStorageBuilder::from_env()
+#        reads), GCS_ENDPOINT and WEIGHTBAY_GCS_URL.
+#
+# Env knobs:
+#   WEIGHTBAY_CACHE    cache root (default ~/.cache/weightbay); venv in $WEIGHTBAY_CACHE/venv
+#   WEIGHTBAY_RUN_DIR  pid/log/env/service-account files (default $WEIGHTBAY_CACHE/run)
+#   PYTHON             python used to create the venv and run the GCS fixture (default python3)
+#
+# Needs: bash, python3 with venv + pip (Debian: apt-get install python3-venv) reaching PyPI.
+# Background, versions and measurements: shared/research/emulators.md.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${WEIGHTBAY_CACHE:-${HOME:?HOME is unset; set WEIGHTBAY_CACHE}/.cache/weightbay}
+VENV=$CACHE/venv
+RUN=${WEIGHTBAY_RUN_DIR:-$CACHE/run}
+PY=${PYTHON:-python3}
+BUCKET=weightbay-test
+HOST=127.0.0.1                     # never anything else: these servers check no credentials
+FAKE_GCS_PY=$ROOT/backends/object-store/tests/fixtures/fake_gcs_xml.py
+MOTO_REQS=("moto[s3]==5.2.5" "flask<4" "flask-cors<7")   # versions verified in emulators.md
+START_TIMEOUT_S=30
+
+log() { echo "servers.sh: $*" >&2; }
+die() { echo "servers.sh: ERROR: $*" >&2; exit 1; }
+usage() {
+  echo "usage: $0 start s3|gcs | stop s3|gcs | stop-all" >&2
+  exit 2
+}
+
+# Is $1 alive and is its command line ours (guards against a recycled PID)?
+is_ours() { # pid kind
+  local pid=$1 pat
+  case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; esac
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  kill -0 "$pid" 2>/dev/null || return 1
+  [ -r "/proc/$pid/cmdline" ] || return 0       # no procfs: trust kill -0
+  tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$pat"
+}
+
+show_log() { # file
+  if [ -s "$1" ]; then
+    log "last lines of $1:"
+    tail -n 20 "$1" >&2 || true
+  fi
+}
+
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# HTTP request to the server; exit 0 iff the status is one of the expected codes.
+http_check() { # method url expected_codes(comma-separated) [authorization header]
+  "$PY" - "$@" <<'EOF'
+import sys, urllib.request, urllib.error
+method, url, ok = sys.argv[1], sys.argv[2], {int(c) for c in sys.argv[3].split(",")}
+headers = {"Authorization": sys.argv[4]} if len(sys.argv) > 4 else {}
+try:
+    code = urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers),
+                                  timeout=10).status
+except urllib.error.HTTPError as e:
+    code = e.code
+except OSError as e:
+    sys.exit("%s %s: %s" % (method, url, e))
+if code not in ok:
+    sys.exit("%s %s: HTTP %d, expected %s" % (method, url, code, sorted(ok)))
+EOF
+}
+
+wait_port() { # port pid timeout_s
+  local i
+  for ((i = 0; i < $3 * 20; i++)); do
+    kill -0 "$2" 2>/dev/null || return 1
+    (exec 3<>"/dev/tcp/$HOST/$1") 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+kill_pid() { # pid
+  local pid=$1 i
+  kill "$pid" 2>/dev/null || return 0
+  for ((i = 0; i < 100; i++)); do       # moto takes ~2 s to exit after SIGTERM
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  log "pid $pid ignored SIGTERM for 10 s, sending SIGKILL"
+  kill -9 "$pid" 2>/dev/null || true
+}
+
+# Print the env file of an already running server and return 0, or clean up stale state.
+already_running() { # kind
+  local pidf=$RUN/$1.pid pid
+  [ -f "$pidf" ] || return 1
+  pid=$(cat "$pidf")
+  if is_ours "$pid" "$1" && [ -s "$RUN/$1.env" ]; then
+    log "$1 already running (pid $pid); reusing it"
+    cat "$RUN/$1.env"
+    return 0
+  fi
+  log "removing stale $1 state (pid $pid is not running)"
+  rm -f "$pidf" "$RUN/$1.env"
+  return 1
+}
+
+write_env() { # file VAR=value...
+  local f=$1 kv
+  shift
+  : >"$f.tmp"
+  for kv in "$@"; do printf 'export %s=%q\n' "${kv%%=*}" "${kv#*=}" >>"$f.tmp"; done
+  mv "$f.tmp" "$f"
+}
+
+ensure_venv() {
+  command -v "$PY" >/dev/null || die "$PY not found (python3 is required)"
+  mkdir -p "$CACHE"
+  if command -v flock >/dev/null; then        # two concurrent starts must not both pip install
+    exec 9>"$CACHE/.venv.lock"
+    flock 9
+    install_moto
+    exec 9>&-                                  # release; the server must not inherit the lock
+  else
+    install_moto
+  fi
+}
+
+install_moto() {
+  local stamp=$VENV/.weightbay-requirements want
+  want=$(printf '%s\n' "${MOTO_REQS[@]}")
+  if [ -x "$VENV/bin/moto_server" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  local t0=$SECONDS
+  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    log "creating venv $VENV"
+    "$PY" -m venv "$VENV" >&2 ||
+      { rm -rf "$VENV"; die "'$PY -m venv $VENV' failed (Debian: apt-get install python3-venv)"; }
+  fi
+  log "installing ${MOTO_REQS[*]} into $VENV"
+  "$VENV/bin/python" -m pip install --disable-pip-version-check -q "${MOTO_REQS[@]}" >&2 ||
+    die "pip install ${MOTO_REQS[*]} failed (is PyPI reachable?)"
+  [ -x "$VENV/bin/moto_server" ] || die "pip succeeded but $VENV/bin/moto_server is missing"
+  echo "$want" >"$stamp"
+  log "moto installed in $((SECONDS - t0)) s"
+}
+
+start_s3() {
+  mkdir -p "$RUN"
+  already_running s3 && return 0
+  ensure_venv
+  local try port pid="" logf=$RUN/s3.log
+  for try in 1 2 3; do   # the probed port can be taken before moto binds it: retry
+    port=$(free_port) || die "could not find a free port"
+    "$VENV/bin/moto_server" -H "$HOST" -p "$port" </dev/null >"$logf" 2>&1 &
+    pid=$!
+    if wait_port "$port" "$pid" "$START_TIMEOUT_S"; then break; fi
+    log "moto did not come up on $HOST:$port (try $try/3)"
+    show_log "$logf"
+    kill_pid "$pid"
+    pid=""
+  done
+  [ -n "$pid" ] || die "moto_server failed to start; see $logf"
+  echo "$pid" >"$RUN/s3.pid"
+  # moto checks no signatures, but routes by the service in the Authorization scope
+  local auth="AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0"
+  local url=http://$HOST:$port
+  if ! http_check PUT "$url/$BUCKET" 200 "$auth" || ! http_check GET "$url/$BUCKET" 200 "$auth"; then
+    show_log "$logf"
+    kill_pid "$pid"
+    rm -f "$RUN/s3.pid"
+    die "moto started on $url but creating bucket $BUCKET failed"
+  fi
+  write_env "$RUN/s3.env" \
+    "AWS_ENDPOINT=$url" \
+    AWS_ALLOW_HTTP=true \
+    AWS_ACCESS_KEY_ID=test \
+    AWS_SECRET_ACCESS_KEY=test \
+    AWS_DEFAULT_REGION=us-east-1 \
+    "AWS_BUCKET=$BUCKET" \
+    "WEIGHTBAY_S3_URL=s3://$BUCKET"
+  log "moto S3 ready at $url (pid $pid, bucket $BUCKET, log $logf)"
+  cat "$RUN/s3.env"
+}
+
+start_gcs() {
+  mkdir -p "$RUN"
+  already_running gcs && return 0
+  command -v "$PY" >/dev/null || die "$PY not found (python3 is required)"
+  [ -f "$FAKE_GCS_PY" ] || die "missing test fixture $FAKE_GCS_PY"
+  local portf=$RUN/gcs.port logf=$RUN/gcs.log pid i port=""
+  rm -f "$portf"
+  # --port 0: the OS picks a free port; the fixture writes it to --port-file once it listens
+  "$PY" "$FAKE_GCS_PY" --host "$HOST" --port 0 --bucket "$BUCKET" --versioning \
+    --port-file "$portf" </dev/null >"$logf" 2>&1 &
+  pid=$!
+  for ((i = 0; i < START_TIMEOUT_S * 20; i++)); do
+    kill -0 "$pid" 2>/dev/null || { show_log "$logf"; die "fake GCS server exited during start"; }
+    if [ -s "$portf" ]; then port=$(cat "$portf"); break; fi
+    sleep 0.05
+  done
+  [ -n "$port" ] || { show_log "$logf"; kill_pid "$pid"; die "fake GCS server did not start in ${START_TIMEOUT_S} s"; }
+  echo "$pid" >"$RUN/gcs.pid"
+  local url=http://$HOST:$port
+  if ! http_check GET "$url/" 200 || ! http_check GET "$url/$BUCKET?list-type=2" 200; then
+    show_log "$logf"
+    kill_pid "$pid"
+    rm -f "$RUN/gcs.pid" "$portf"
+    die "fake GCS server on $url does not answer"
+  fi
+  # object_store needs all of private_key, private_key_id and client_email (empty is fine);
+  # disable_oauth sends no token; gcs_base_url points the client at the fake.
+  local sa=$RUN/gcs-sa.json
+  printf '{"gcs_base_url": "%s", "disable_oauth": true, "client_email": "", "private_key": "", "private_key_id": ""}\n' \
+    "$url" >"$sa"
+  write_env "$RUN/gcs.env" \
+    "GOOGLE_SERVICE_ACCOUNT=$sa" \
+    "GOOGLE_BUCKET=$BUCKET" \
+    "GCS_ENDPOINT=$url" \
+    "WEIGHTBAY_GCS_URL=gs://$BUCKET"
+  log "fake GCS (XML API test fixture) ready at $url (pid $pid, bucket $BUCKET, log $logf)"
+  cat "$RUN/gcs.env"
+}
+
+stop_kind() { # kind
+  local pidf=$RUN/$1.pid pid
+  if [ ! -f "$pidf" ]; then
+    log "$1 not running (no $pidf)"
+    return 0
+  fi
+  pid=$(cat "$pidf")
+  if is_ours "$pid" "$1"; then
+    kill_pid "$pid"
+    if kill -0 "$pid" 2>/dev/null; then
+      log "ERROR: could not stop $1 server (pid $pid)"
+      return 1
+    fi
+    log "stopped $1 (pid $pid)"
+  else
+    log "$1 pid $pid is not running (or not ours); cleaning up its state only"
+  fi
+  rm -f "$pidf" "$RUN/$1.env" "$RUN/$1.env.tmp"
+  [ "$1" = gcs ] && rm -f "$RUN/gcs.port" "$RUN/gcs-sa.json"
+  return 0
+}
+
+case "${1:-}" in
+  start)
+    case "${2:-}" in
+      s3) start_s3 ;;
+      gcs) start_gcs ;;
+      *) usage ;;
+    esac ;;
+  stop)
+    case "${2:-}" in
+      s3 | gcs) stop_kind "$2" || exit 1 ;;
+      *) usage ;;
+    esac ;;
+  stop-all)
+    rc=0
+    stop_kind s3 || rc=1
+    stop_kind gcs || rc=1
+    exit $rc ;;
+  *) usage ;;
+esac

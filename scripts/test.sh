@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The one test command: lints, starts the local S3 and GCS servers the object-store tests
+# need, runs every test in the workspace, and smoke-runs the fuzz targets.
+#
+# Environment:
+#   WEIGHTBAY_REQUIRE_SERVERS=1  a server that cannot start, or a test that cannot reach one,
+#                                fails the run (CI sets it); otherwise such tests say why they
+#                                skipped.
+#   WEIGHTBAY_FUZZ_SECONDS=N     seconds per fuzz target in the smoke run (default 20; 0 skips).
+#   WEIGHTBAY_CASES=N            property cases per conformance case (default 32).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "starting the local S3 and GCS servers"
+trap 'scripts/servers.sh stop-all >&2 || true' EXIT
+for server in s3 gcs; do
+    if exports=$(scripts/servers.sh start "$server"); then
+        eval "$exports"
+    elif [ "${WEIGHTBAY_REQUIRE_SERVERS:-0}" = 1 ]; then
+        echo "error: the $server server did not start and WEIGHTBAY_REQUIRE_SERVERS=1" >&2
+        exit 1
+    else
+        echo "warning: the $server server did not start; its tests will skip" >&2
+    fi
+done
+
+step "cargo test --workspace"
+cargo test --workspace --locked
+
+if [ -x scripts/fuzz-smoke.sh ] && [ "${WEIGHTBAY_FUZZ_SECONDS:-20}" != 0 ]; then
+    step "fuzz smoke run"
+    scripts/fuzz-smoke.sh "${WEIGHTBAY_FUZZ_SECONDS:-20}"
+fi
