@@ -51,7 +51,7 @@ is_ours() { # pid kind
   local pid=$1 pat
   case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; esac
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  kill -0 "$pid" 2>/dev/null || return 1
+  alive "$pid" || return 1
   [ -r "/proc/$pid/cmdline" ] || return 0       # no procfs: trust kill -0
   tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "$pat"
 }
@@ -95,15 +95,23 @@ wait_port() { # port pid timeout_s
   return 1
 }
 
+# Alive and not a zombie (an exited server whose parent has not reaped it yet counts as gone).
+alive() { # pid
+  kill -0 "$1" 2>/dev/null || return 1
+  [ -r "/proc/$1/stat" ] || return 0
+  [ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1)" != Z ]
+}
+
 kill_pid() { # pid
   local pid=$1 i
   kill "$pid" 2>/dev/null || return 0
   for ((i = 0; i < 100; i++)); do       # moto takes ~2 s to exit after SIGTERM
-    kill -0 "$pid" 2>/dev/null || return 0
+    alive "$pid" || return 0
     sleep 0.1
   done
   log "pid $pid ignored SIGTERM for 10 s, sending SIGKILL"
   kill -9 "$pid" 2>/dev/null || true
+  sleep 0.2
 }
 
 # Print the env file of an already running server and return 0, or clean up stale state.
@@ -249,7 +257,7 @@ stop_kind() { # kind
   pid=$(cat "$pidf")
   if is_ours "$pid" "$1"; then
     kill_pid "$pid"
-    if kill -0 "$pid" 2>/dev/null; then
+    if alive "$pid"; then
       log "ERROR: could not stop $1 server (pid $pid)"
       return 1
     fi

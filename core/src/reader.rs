@@ -19,9 +19,11 @@ pub const OPEN_PREFIX_LEN: u64 = 64 * 1024;
 /// How strictly a container is validated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Validation {
-    /// Everything weightbay and burn-pack 0.23 write, nothing else (the default): version 1,
-    /// aligned and non-overlapping tensors, no duplicate keys, no extra bytes in the metadata
-    /// block, nothing after the data but a valid trailer.
+    /// The default: version 1, 256-aligned and non-overlapping tensors, no duplicate keys,
+    /// no extra bytes in the metadata block, nothing after the data but a valid trailer, and
+    /// (checked by `verify`) zero padding. Like burn-pack, it ignores unknown fields and reads
+    /// any well-formed CBOR encoding (non-minimal integers, indefinite lengths, a null
+    /// `param_id`), so newer writers stay readable.
     #[default]
     Strict,
     /// Also older Burnpack files: version 0, burn 0.19's unaligned data section, the
@@ -97,6 +99,8 @@ pub struct Reader {
     metadata: BTreeMap<String, String>,
     scalars: BTreeMap<String, Scalar>,
     data_start: u64,
+    /// End of the metadata block.
+    metadata_end: u64,
     /// Where the trailer starts, when the container has one.
     trailer_start: Option<u64>,
     validation: Validation,
@@ -222,6 +226,7 @@ impl Reader {
             metadata: metadata.metadata,
             scalars: metadata.scalars,
             data_start,
+            metadata_end,
             trailer_start,
             validation: options.validation,
         })
@@ -371,8 +376,20 @@ impl Reader {
             }
             None => None,
         };
-        let mut window = vec![0; WRITE_CHUNK_LEN];
+        let window_len = usize::try_from(self.len())
+            .unwrap_or(usize::MAX)
+            .min(WRITE_CHUNK_LEN);
+        let mut window = vec![0; window_len];
         let prefix_end = self.data_start.min(self.len());
+        if self.validation == Validation::Strict {
+            // The padding between the metadata and the data section must be zero.
+            crc_of(
+                self.source.as_ref(),
+                self.metadata_end..prefix_end,
+                &mut window,
+                Some(Padding::AfterMetadata),
+            )?;
+        }
         let prefix_crc = crc_of(self.source.as_ref(), 0..prefix_end, &mut window, None)?;
         if let Some((stored_prefix, _)) = &stored
             && *stored_prefix != prefix_crc
@@ -391,7 +408,7 @@ impl Reader {
                     self.source.as_ref(),
                     cursor..info.range.start,
                     &mut window,
-                    Some(&info.name),
+                    Some(Padding::Before(&info.name)),
                 )?;
             }
             let crc = crc_of(self.source.as_ref(), info.range(), &mut window, None)
@@ -423,13 +440,20 @@ impl Reader {
     }
 }
 
-/// CRC32C of `range`, read in windows. With `padding_before` set, the range is padding before
-/// that tensor and must be all zeros.
+/// Which padding a zero check covers, for the error message.
+#[derive(Clone, Copy)]
+enum Padding<'a> {
+    AfterMetadata,
+    Before(&'a str),
+}
+
+/// CRC32C of `range`, read in windows. With `padding` set, the range is padding and must be
+/// all zeros.
 fn crc_of(
     source: &dyn Source,
     range: Range<u64>,
     window: &mut [u8],
-    padding_before: Option<&str>,
+    padding: Option<Padding<'_>>,
 ) -> Result<u32> {
     let mut crc = 0;
     let mut offset = range.start;
@@ -437,12 +461,16 @@ fn crc_of(
         let step = (range.end - offset).min(window.len() as u64) as usize;
         let chunk = &mut window[..step];
         source.read_at(offset, chunk)?;
-        if let Some(tensor) = padding_before
+        if let Some(padding) = padding
             && let Some(at) = chunk.iter().position(|&b| b != 0)
         {
-            return Err(Error::corrupt("non-zero padding before the tensor")
-                .with_tensor(tensor)
-                .with_offset(offset + at as u64));
+            let error = match padding {
+                Padding::AfterMetadata => Error::corrupt("non-zero padding after the metadata"),
+                Padding::Before(tensor) => {
+                    Error::corrupt("non-zero padding before the tensor").with_tensor(tensor)
+                }
+            };
+            return Err(error.with_offset(offset + at as u64));
         }
         crc = crc32c::crc32c_append(crc, chunk);
         offset += step as u64;

@@ -126,6 +126,15 @@ fn verify_catches_metadata_and_padding_changes() {
         err.to_string().contains("header and metadata checksum"),
         "{err}"
     );
+    // Padding between the metadata and the data section (the golden metadata ends at 296).
+    let mut bytes = pristine.clone();
+    bytes[400] = 1;
+    let err = Reader::from_bytes(bytes).unwrap().verify().unwrap_err();
+    assert!(
+        err.to_string().contains("padding after the metadata"),
+        "{err}"
+    );
+    assert_eq!(err.offset(), Some(400));
     // Padding between two tensors.
     let mut bytes = pristine;
     bytes[512 + 100] = 7;

@@ -194,7 +194,8 @@ pub(crate) fn check_single_item(input: &[u8]) -> Result<()> {
         limits: Limits::default(),
         strict: true,
     };
-    parser.skip(0)?;
+    // Counted from where a scheme sits in a container, so whatever is accepted here reads back.
+    parser.skip(QUANT_SCHEME_DEPTH)?;
     if parser.offset() != input.len() {
         return Err(Error::corrupt("bytes follow the CBOR item"));
     }
@@ -418,7 +419,7 @@ impl Parser<'_> {
                 "data_offsets" => offsets.replace(self.offsets()?).is_some(),
                 "param_id" => param_id.replace(self.param_id()?).is_some(),
                 _ => {
-                    self.skip(2)?;
+                    self.skip(DESCRIPTOR_FIELD_DEPTH)?;
                     false
                 }
             };
@@ -468,7 +469,7 @@ impl Parser<'_> {
                     }
                     "QFloat" => {
                         let start = self.offset();
-                        self.skip(3)?;
+                        self.skip(QUANT_SCHEME_DEPTH)?;
                         let end = self.offset();
                         Ok(DType::QFloat(QuantScheme::from_cbor(
                             &self.input[start..end],
@@ -513,7 +514,7 @@ impl Parser<'_> {
                 None if self.strict => {
                     return Err(self.fail("data_offsets: more than two elements"));
                 }
-                None => self.skip(2)?,
+                None => self.skip(DESCRIPTOR_FIELD_DEPTH + 1)?,
             }
             index += 1;
         }
@@ -587,6 +588,11 @@ impl Parser<'_> {
         })
     }
 }
+
+/// Nesting depth of a descriptor's field values: top-level map, `tensors` map, descriptor map.
+const DESCRIPTOR_FIELD_DEPTH: usize = 3;
+/// Nesting depth of a QFloat scheme: inside the dtype's one-entry map.
+const QUANT_SCHEME_DEPTH: usize = DESCRIPTOR_FIELD_DEPTH + 1;
 
 /// The fewest bytes one `tensors` entry can take: a one-byte name, a map header, and the
 /// keys and smallest values of `dtype` ("U8"), `shape` ([]) and `data_offsets` ([0, 0]).
