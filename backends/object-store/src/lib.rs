@@ -1,1 +1,406 @@
-pub fn placeholder() {}
+//! Object-storage backend for weightbay, on the `object_store` crate: S3, GCS, Azure, local
+//! files and memory behind one [`ObjectStorage`].
+//!
+//! Writing streams the container as one multipart upload, with the part size chosen from the
+//! planned total so no object needs more than 10,000 parts and a bounded number of parts in
+//! flight: memory stays at about part size × (parts in flight + 1), whatever the checkpoint's
+//! size. Completing the upload is the atomic publish; an error, a panic or a dropped sink
+//! aborts it. Containers smaller than one part go as a single PUT. Create-new is race-free
+//! (see [`ObjectStorage`] and docs/DURABILITY.md for the protocol).
+//!
+//! Reading pins the object version (or ETag) seen at open, gets the header and metadata in the
+//! same first request, and fetches tensors lazily or with [`ObjectSource::fetch`] in coalesced
+//! parallel ranges.
+//!
+//! The core traits are synchronous; the backend runs `object_store`'s futures on a runtime of
+//! its own (or one you lend it with [`Bridge::borrowed`]). From async code, call it through
+//! `tokio::task::spawn_blocking`:
+//!
+//! ```
+//! use weightbay::{DType, Reader, Storage, Tensor, Writer};
+//! use weightbay_object_store::open_url;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let storage = open_url("memory:///checkpoints", std::iter::empty::<(&str, &str)>())?;
+//! let saver = storage.clone();
+//! tokio::task::spawn_blocking(move || {
+//!     Writer::new(vec![Tensor::new("w", DType::U8, [3], vec![1, 2, 3])]).write_to(&saver, "step-1.bpk")
+//! })
+//! .await??;
+//! let reader = Reader::open(storage.open("step-1.bpk")?)?;
+//! assert_eq!(reader.read("w")?, vec![1, 2, 3]);
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+mod runtime;
+mod sink;
+mod source;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme};
+pub use runtime::Bridge;
+use sink::ObjectSink;
+pub use source::ObjectSource;
+use weightbay::storage::validate_key;
+use weightbay::{Capabilities, CreateOptions, Error, ErrorKind, Result, Sink, Source, Storage};
+
+use crate::error::convert;
+
+/// The smallest part S3 and GCS accept (except the last).
+pub const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
+/// The most parts one multipart upload may have.
+pub const MAX_PARTS: u64 = 10_000;
+/// Staged uploads for create-new live under this first key segment, which user keys may not
+/// use.
+pub const STAGING_DIR: &str = ".weightbay-staging";
+
+/// Tuning for an [`ObjectStorage`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjectStoreOptions {
+    /// The smallest part size, raised for large containers so they fit in 10,000 parts.
+    /// Default 8 MiB. S3 and GCS refuse parts under [`MIN_PART_SIZE`] (except the last);
+    /// in-memory and local stores take any size.
+    pub part_size: usize,
+    /// Parts uploading at once; the writer blocks when this many are in flight. Default 8.
+    pub parts_in_flight: usize,
+    /// Whether a completed upload survives power loss (true for S3, GCS, Azure).
+    pub durable: bool,
+    /// Bytes [`ObjectSource::fetch`] keeps in flight at once. Default 256 MiB.
+    pub fetch_budget: usize,
+    /// Staged create-new uploads older than this are [`Storage::clean_pending`]'s to remove.
+    /// Default one hour.
+    pub stale_after: Duration,
+}
+
+impl Default for ObjectStoreOptions {
+    fn default() -> Self {
+        Self {
+            part_size: 8 * 1024 * 1024,
+            parts_in_flight: 8,
+            durable: false,
+            fetch_budget: 256 * 1024 * 1024,
+            stale_after: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl ObjectStoreOptions {
+    /// The part size for a container of `total_len` bytes (unknown: the configured size).
+    pub fn part_size_for(&self, total_len: Option<u64>) -> usize {
+        let configured = self.part_size.max(1);
+        let needed = total_len.map_or(0, |len| len.div_ceil(MAX_PARTS).next_multiple_of(1 << 20));
+        configured.max(usize::try_from(needed).unwrap_or(usize::MAX))
+    }
+
+    /// The most bytes a sink holds: one part filling plus the parts in flight.
+    pub fn buffer_bound(&self, total_len: Option<u64>) -> u64 {
+        self.part_size_for(total_len) as u64 * (self.parts_in_flight as u64 + 1)
+    }
+}
+
+/// Containers as objects under a prefix of any `object_store` store.
+///
+/// # Create-new
+/// A container that fits in one part is published with a single conditional PUT
+/// (`If-None-Match: *` or its store's equivalent). A larger one cannot be: `object_store`
+/// sends no condition on completing a multipart upload. It is uploaded to a staging key under
+/// [`STAGING_DIR`] and then copied to its key with a conditional copy (`copy_if_not_exists`),
+/// which fails if anything is there; the staging object is then deleted. A crash in between
+/// leaves a staging object, never a partial container; [`Storage::clean_pending`] removes
+/// staging objects older than [`ObjectStoreOptions::stale_after`]. On S3 the conditional
+/// copy is a multipart copy of one part, so create-new of containers over 5 GiB is refused
+/// there.
+#[derive(Debug, Clone)]
+pub struct ObjectStorage {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    bridge: Bridge,
+    options: ObjectStoreOptions,
+}
+
+impl ObjectStorage {
+    /// Objects of `store`, under no prefix, on a runtime owned by this storage.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the runtime cannot start.
+    pub fn new(store: Arc<dyn ObjectStore>) -> Result<Self> {
+        Ok(Self::with_bridge(store, Bridge::owned()?))
+    }
+
+    /// Objects of `store` on the given runtime bridge.
+    pub fn with_bridge(store: Arc<dyn ObjectStore>, bridge: Bridge) -> Self {
+        Self {
+            store,
+            prefix: Path::default(),
+            bridge,
+            options: ObjectStoreOptions::default(),
+        }
+    }
+
+    /// Keys live under `prefix` (a `/`-separated path).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a prefix `object_store` cannot express.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
+        self.prefix =
+            Path::parse(prefix).map_err(|e| Error::invalid("bad object prefix").with_source(e))?;
+        Ok(self)
+    }
+
+    /// Sets the tuning options.
+    #[must_use]
+    pub fn with_options(mut self, options: ObjectStoreOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The tuning options.
+    pub fn options(&self) -> &ObjectStoreOptions {
+        &self.options
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The prefix keys live under.
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    /// The object path of `key`.
+    fn path(&self, key: &str) -> Result<Path> {
+        validate_key(key)?;
+        if key.split('/').next() == Some(STAGING_DIR) {
+            return Err(
+                Error::invalid(format!("keys under `{STAGING_DIR}/` are reserved")).with_key(key),
+            );
+        }
+        Ok(key
+            .split('/')
+            .fold(self.prefix.clone(), |path, segment| path.join(segment)))
+    }
+
+    /// Opens `key` as an [`ObjectSource`], for [`ObjectSource::fetch`].
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`]; the store's error.
+    pub fn open_object(&self, key: &str) -> Result<ObjectSource> {
+        let path = self.path(key)?;
+        ObjectSource::open(
+            Arc::clone(&self.store),
+            path,
+            key.to_owned(),
+            self.bridge.clone(),
+        )
+    }
+
+    fn staging_prefix(&self) -> Path {
+        self.prefix.clone().join(STAGING_DIR)
+    }
+
+    /// Staging objects, with their age.
+    fn staged(&self) -> Result<Vec<(Path, Duration)>> {
+        let store = Arc::clone(&self.store);
+        let prefix = self.staging_prefix();
+        let listed = self
+            .bridge
+            .run(async move { store.list(Some(&prefix)).try_collect::<Vec<_>>().await })?;
+        let objects = listed.map_err(|e| convert("listing staged uploads", e))?;
+        let now = chrono_now();
+        Ok(objects
+            .into_iter()
+            .map(|meta| {
+                let age =
+                    now.saturating_sub(meta.last_modified.timestamp().try_into().unwrap_or(0));
+                (meta.location, Duration::from_secs(age))
+            })
+            .collect())
+    }
+
+    fn relative(&self, path: &Path) -> String {
+        path.prefix_match(&self.prefix)
+            .map(|parts| {
+                parts
+                    .map(|part| part.as_ref().to_owned())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .unwrap_or_else(|| path.to_string())
+    }
+}
+
+/// Seconds since the Unix epoch.
+fn chrono_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Storage for ObjectStorage {
+    fn capabilities(&self) -> Capabilities {
+        let capabilities = Capabilities::NONE
+            .with_atomic_create_new()
+            .with_pending_listing();
+        if self.options.durable {
+            capabilities.with_durable_commit()
+        } else {
+            capabilities
+        }
+    }
+
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        let path = self.path(key)?;
+        self.capabilities().check(options)?;
+        Ok(Box::new(ObjectSink::new(self.clone(), key, path, options)?))
+    }
+
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(self.open_object(key)?))
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        let store = Arc::clone(&self.store);
+        let result = self.bridge.run(async move {
+            // object_store's delete succeeds on a missing object on some stores: ask first.
+            store.head(&path).await?;
+            store.delete(&path).await
+        })?;
+        result.map_err(|e| convert("deleting the object", e).with_key(key))
+    }
+
+    fn pending(&self) -> Result<Vec<String>> {
+        Ok(self
+            .staged()?
+            .iter()
+            .map(|(path, _)| self.relative(path))
+            .collect())
+    }
+
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for (path, age) in self.staged()? {
+            if age >= self.options.stale_after {
+                let store = Arc::clone(&self.store);
+                let target = path.clone();
+                self.bridge
+                    .run(async move { store.delete(&target).await })?
+                    .map_err(|e| convert("removing a staged upload", e))?;
+                removed.push(self.relative(&path));
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
+/// `az://container/prefix` (and the https forms `object_store` recognises), `file:///dir`,
+/// `memory:///prefix`. Cloud stores start from their standard environment variables
+/// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then apply `options` (object_store configuration keys,
+/// such as `aws_endpoint`), exactly as `object_store` users configure them. Credentials are
+/// never logged or put in error messages.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`] for a URL that is not one of these, or a bad option.
+pub fn open_url<I, K, V>(url: &str, options: I) -> Result<ObjectStorage>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: Into<String>,
+{
+    let bad = |message: String| Error::invalid(message);
+    let parsed = url::Url::parse(url).map_err(|e| bad(format!("`{url}` is not a URL: {e}")))?;
+    let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
+        .map_err(|e| bad(format!("`{url}` names no known object store: {e}")))?;
+    let configure =
+        |message: &str, e: object_store::Error| convert(message.to_owned(), e).with_key(url);
+    let mut durable = true;
+    let store: Arc<dyn ObjectStore> = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+            let mut builder = AmazonS3Builder::from_env().with_url(url);
+            for (key, value) in options {
+                let key: AmazonS3ConfigKey = key
+                    .as_ref()
+                    .parse()
+                    .map_err(|e| configure("bad S3 option", e))?;
+                builder = builder.with_config(key, value);
+            }
+            if builder
+                .get_config_value(&AmazonS3ConfigKey::CopyIfNotExists)
+                .is_none()
+            {
+                // Create-new of large containers needs a conditional copy.
+                builder = builder.with_config(AmazonS3ConfigKey::CopyIfNotExists, "multipart");
+            }
+            Arc::new(
+                builder
+                    .build()
+                    .map_err(|e| configure("configuring S3", e))?,
+            )
+        }
+        ObjectStoreScheme::GoogleCloudStorage => {
+            use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+            let mut builder = GoogleCloudStorageBuilder::from_env().with_url(url);
+            for (key, value) in options {
+                let key: GoogleConfigKey = key
+                    .as_ref()
+                    .parse()
+                    .map_err(|e| configure("bad GCS option", e))?;
+                builder = builder.with_config(key, value);
+            }
+            Arc::new(
+                builder
+                    .build()
+                    .map_err(|e| configure("configuring GCS", e))?,
+            )
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+            let mut builder = MicrosoftAzureBuilder::from_env().with_url(url);
+            for (key, value) in options {
+                let key: AzureConfigKey = key
+                    .as_ref()
+                    .parse()
+                    .map_err(|e| configure("bad Azure option", e))?;
+                builder = builder.with_config(key, value);
+            }
+            Arc::new(
+                builder
+                    .build()
+                    .map_err(|e| configure("configuring Azure", e))?,
+            )
+        }
+        ObjectStoreScheme::Local => {
+            durable = false;
+            Arc::new(object_store::local::LocalFileSystem::new())
+        }
+        ObjectStoreScheme::Memory => {
+            durable = false;
+            Arc::new(object_store::memory::InMemory::new())
+        }
+        other => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{other:?} stores are not supported"),
+            )
+            .with_key(url));
+        }
+    };
+    let options = ObjectStoreOptions {
+        durable,
+        ..ObjectStoreOptions::default()
+    };
+    Ok(ObjectStorage::new(store)?
+        .with_prefix(prefix.as_ref())?
+        .with_options(options))
+}

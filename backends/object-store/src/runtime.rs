@@ -1,0 +1,70 @@
+//! The bridge from weightbay's synchronous traits to `object_store`'s async API.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use weightbay::{Error, ErrorKind, Result};
+
+/// Runs futures on a tokio runtime and waits for them on the calling thread.
+///
+/// Work is always spawned onto the runtime and awaited through a channel, never with
+/// `block_on` on the caller's thread, so calling from plain code, from a runtime worker, or
+/// from a current-thread runtime never panics. (Blocking a runtime worker this way stalls that
+/// worker; async callers should use `spawn_blocking`, as the crate docs show.)
+#[derive(Debug, Clone)]
+pub struct Bridge {
+    handle: tokio::runtime::Handle,
+    /// Keeps an owned runtime alive; `None` when borrowing the caller's.
+    _owned: Option<Arc<tokio::runtime::Runtime>>,
+}
+
+impl Bridge {
+    /// A bridge with its own small multi-threaded runtime.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the runtime cannot start.
+    pub fn owned() -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("weightbay-object-store")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("starting the object-store runtime", e))?;
+        Ok(Self {
+            handle: runtime.handle().clone(),
+            _owned: Some(Arc::new(runtime)),
+        })
+    }
+
+    /// A bridge onto an existing runtime (which must have I/O and time enabled).
+    pub fn borrowed(handle: tokio::runtime::Handle) -> Self {
+        Self {
+            handle,
+            _owned: None,
+        }
+    }
+
+    /// Runs `future` to completion on the runtime and returns its output.
+    pub(crate) fn run<F>(&self, future: F) -> Result<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let (sender, receiver) = std::sync::mpsc::sync_channel(1);
+        self.handle.spawn(async move {
+            let _ = sender.send(future.await);
+        });
+        receiver
+            .recv()
+            .map_err(|_| Error::new(ErrorKind::Io, "the object-store runtime shut down"))
+    }
+
+    /// Starts `future` on the runtime without waiting for it.
+    pub(crate) fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.handle.spawn(future)
+    }
+}

@@ -1,0 +1,363 @@
+//! Object-store behaviour beyond the suite: multipart on real servers, request counts,
+//! version pinning, coalesced fetches, and use from sync and async code.
+
+mod support;
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
+};
+use support::{ByUrl, SMALL_PARTS};
+use weightbay::{Bytes, DType, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer};
+use weightbay_conformance::Harness;
+use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
+
+/// Counts the GET requests reaching an inner store.
+#[derive(Debug)]
+struct CountingStore {
+    inner: object_store::memory::InMemory,
+    gets: AtomicUsize,
+}
+
+impl fmt::Display for CountingStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CountingStore")
+    }
+}
+
+#[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)]
+impl ObjectStore for CountingStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.inner.put_opts(location, payload, opts).await
+    }
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        self.inner.get_opts(location, options).await
+    }
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> object_store::Result<Vec<bytes::Bytes>> {
+        self.gets.fetch_add(ranges.len(), Ordering::SeqCst);
+        self.inner.get_ranges(location, ranges).await
+    }
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+    async fn rename_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: RenameOptions,
+    ) -> object_store::Result<()> {
+        self.inner.rename_opts(from, to, options).await
+    }
+}
+
+fn counting() -> (Arc<CountingStore>, ObjectStorage) {
+    let store = Arc::new(CountingStore {
+        inner: object_store::memory::InMemory::new(),
+        gets: AtomicUsize::new(0),
+    });
+    let storage = ObjectStorage::new(Arc::clone(&store) as Arc<dyn ObjectStore>)
+        .unwrap()
+        .with_options(SMALL_PARTS);
+    (store, storage)
+}
+
+fn tensors(count: usize, len: usize) -> Vec<Tensor> {
+    (0..count)
+        .map(|i| Tensor::new(format!("t{i}"), DType::U8, [len as u64], vec![i as u8; len]))
+        .collect()
+}
+
+#[test]
+fn opening_takes_one_request_for_header_and_metadata() {
+    let (store, storage) = counting();
+    Writer::new(tensors(20, 1000))
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    store.gets.store(0, Ordering::SeqCst);
+    let reader = Reader::open(storage.open("m.bpk").unwrap()).unwrap();
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        1,
+        "size, version, header and metadata in one GET"
+    );
+    assert_eq!(reader.read("t3").unwrap(), vec![3; 1000]);
+
+    // A container larger than the first read: one more for the trailer's footer.
+    Writer::new(tensors(3, 100_000))
+        .write_to(&storage, "big.bpk")
+        .unwrap();
+    store.gets.store(0, Ordering::SeqCst);
+    Reader::open(storage.open("big.bpk").unwrap()).unwrap();
+    assert_eq!(store.gets.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
+    let (store, storage) = counting();
+    Writer::new(tensors(10, 5000))
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let source = storage.open_object("m.bpk").unwrap();
+    let reader = Reader::open(Arc::new(source.clone())).unwrap();
+    let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
+    store.gets.store(0, Ordering::SeqCst);
+    let fetched = source.fetch(&ranges, 1 << 20).unwrap();
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        1,
+        "ten adjacent tensors in one request"
+    );
+    for (info, bytes) in reader.tensors().iter().zip(&fetched) {
+        assert_eq!(bytes.to_vec().unwrap(), reader.read(info.name()).unwrap());
+    }
+
+    // Replaced after open: pinned reads refuse the new object rather than mix it in.
+    Writer::new(tensors(10, 5001))
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let err = source.fetch(&ranges, 1 << 20).unwrap_err();
+    assert!(err.to_string().contains("changed or vanished"), "{err}");
+    // Bytes already fetched at open (this whole small container) stay the old version's.
+    assert!(reader.read("t9").unwrap() == vec![9; 5000]);
+}
+
+#[test]
+fn part_size_grows_to_stay_under_ten_thousand_parts() {
+    let options = ObjectStoreOptions::default();
+    assert_eq!(options.part_size_for(Some(1 << 30)), 8 << 20);
+    let huge = 200u64 << 30; // 200 GiB
+    let part = options.part_size_for(Some(huge)) as u64;
+    assert!(huge.div_ceil(part) <= 10_000, "{part}");
+    assert_eq!(part % (1 << 20), 0);
+    assert_eq!(options.buffer_bound(Some(1 << 30)), 9 * (8 << 20));
+}
+
+/// Deferred tensors of 2 MiB: with 64 KiB parts the container spans many parts.
+fn multipart_writer(fill: u8) -> Writer {
+    Writer::new(
+        (0..4u8)
+            .map(|i| {
+                Tensor::deferred(format!("t{i}"), DType::U8, [2 << 20], 2 << 20, move || {
+                    Ok(Bytes::from(vec![fill.wrapping_add(i); 2 << 20]))
+                })
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn dropped_or_failed_uploads_leave_no_object() {
+    let storage = support::InMemory.fresh();
+    let failing = Writer::new(vec![
+        Tensor::new("a", DType::U8, [1 << 20], vec![1; 1 << 20]),
+        Tensor::deferred("b", DType::U8, [4], 4, || {
+            Err(weightbay::Error::new(ErrorKind::Io, "device lost"))
+        }),
+    ]);
+    let err = failing.write_to(&storage, "m.bpk").unwrap_err();
+    assert_eq!(err.tensor(), Some("b"));
+    assert_eq!(
+        storage.open("m.bpk").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    multipart_writer(0)
+        .with_mode(WriteMode::CreateNew)
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    assert!(
+        storage.pending().unwrap().is_empty(),
+        "the staging object is gone after publishing"
+    );
+    let err = multipart_writer(1)
+        .with_mode(WriteMode::CreateNew)
+        .write_to(&storage, "m.bpk")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists);
+    let reader = Reader::open(storage.open("m.bpk").unwrap()).unwrap();
+    assert_eq!(reader.read("t2").unwrap(), vec![2; 2 << 20]);
+}
+
+/// Multipart create-new, overwrite and abort against the real servers, with 5 MiB parts.
+fn multipart_on_server(harness: &ByUrl, list_uploads: Option<&dyn Fn() -> String>) {
+    if !weightbay_conformance::reachable(harness) {
+        return;
+    }
+    let storage = harness.fresh();
+    let big = |fill: u8| {
+        Writer::new(vec![
+            Tensor::new("a", DType::U8, [7 << 20], vec![fill; 7 << 20]),
+            Tensor::new("b", DType::U8, [6 << 20], vec![fill + 1; 6 << 20]),
+        ])
+    };
+    big(1)
+        .with_mode(WriteMode::CreateNew)
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let err = big(2)
+        .with_mode(WriteMode::CreateNew)
+        .write_to(&storage, "m.bpk")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+    big(3).write_to(&storage, "m.bpk").unwrap();
+    let reader = Reader::open(storage.open("m.bpk").unwrap()).unwrap();
+    assert_eq!(reader.read("b").unwrap(), vec![4; 6 << 20]);
+    reader.verify().unwrap();
+
+    // A dropped sink after two parts: no object, no upload left on the server.
+    let mut sink = storage
+        .create("dropped.bpk", &weightbay::CreateOptions::default())
+        .unwrap();
+    sink.write(&vec![9; 11 << 20]).unwrap();
+    drop(sink);
+    assert_eq!(
+        storage.open("dropped.bpk").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert!(storage.pending().unwrap().is_empty());
+    if let Some(list_uploads) = list_uploads {
+        let listing = list_uploads();
+        assert!(
+            listing.contains("ListMultipartUploadsResult"),
+            "the server did not list uploads: {listing}"
+        );
+        assert!(
+            !listing.contains("dropped.bpk"),
+            "a multipart upload was left behind: {listing}"
+        );
+    }
+}
+
+#[test]
+fn multipart_on_s3() {
+    let harness = ByUrl::s3();
+    let list = || {
+        // S3's ListMultipartUploads, straight to the local server.
+        let endpoint = std::env::var("AWS_ENDPOINT").unwrap();
+        let bucket = std::env::var("AWS_BUCKET").unwrap();
+        let output = std::process::Command::new("curl")
+            .args(["-s", &format!("{endpoint}/{bucket}?uploads")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    multipart_on_server(&harness, Some(&list));
+}
+
+#[test]
+fn multipart_on_gcs() {
+    multipart_on_server(&ByUrl::gcs(), None);
+}
+
+/// The sync API works from plain threads, from inside a current-thread runtime (blocking it),
+/// and through `spawn_blocking` from a multi-threaded one.
+#[test]
+fn usable_from_sync_and_async_code() {
+    let storage = support::InMemory.fresh();
+    multipart_writer(5).write_to(&storage, "plain.bpk").unwrap();
+
+    let current = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    current.block_on(async {
+        multipart_writer(6)
+            .write_to(&storage, "inside.bpk")
+            .unwrap();
+        Reader::open(storage.open("inside.bpk").unwrap())
+            .unwrap()
+            .verify()
+            .unwrap();
+    });
+
+    let multi = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let borrowed = ObjectStorage::with_bridge(
+        storage.store().clone(),
+        weightbay_object_store::Bridge::borrowed(multi.handle().clone()),
+    )
+    .with_options(SMALL_PARTS);
+    multi.block_on(async {
+        let saver = borrowed.clone();
+        tokio::task::spawn_blocking(move || multipart_writer(7).write_to(&saver, "spawned.bpk"))
+            .await
+            .unwrap()
+            .unwrap();
+    });
+    let reader = Reader::open(borrowed.open("spawned.bpk").unwrap()).unwrap();
+    assert_eq!(reader.read("t1").unwrap(), vec![8; 2 << 20]);
+}
+
+#[test]
+fn urls_and_their_errors() {
+    let err = weightbay_object_store::open_url("ftp://host/x", std::iter::empty::<(&str, &str)>())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let err = weightbay_object_store::open_url("not a url", std::iter::empty::<(&str, &str)>())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let storage =
+        weightbay_object_store::open_url("memory:///a/b", std::iter::empty::<(&str, &str)>())
+            .unwrap();
+    assert_eq!(storage.prefix().as_ref(), "a/b");
+    let err = storage
+        .create(".weightbay-staging/x", &weightbay::CreateOptions::default())
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+}

@@ -1,0 +1,164 @@
+//! Conformance harnesses for the object-store backend: object_store's InMemory and
+//! LocalFileSystem, and the local S3 (moto) and GCS (fixture) servers that scripts/test.sh
+//! starts. Every fresh storage is its own prefix.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use weightbay_conformance::Harness;
+use weightbay_object_store::{ObjectStorage, ObjectStoreOptions, open_url};
+
+/// Small parts, so the suite's containers go through multipart uploads of many parts.
+pub const SMALL_PARTS: ObjectStoreOptions = ObjectStoreOptions {
+    part_size: 64 * 1024,
+    parts_in_flight: 3,
+    durable: false,
+    fetch_budget: 1 << 20,
+    stale_after: std::time::Duration::from_secs(3600),
+};
+
+fn unique_run() -> String {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    format!("run-{}-{random:x}", std::process::id())
+}
+
+/// object_store's InMemory store.
+#[derive(Debug, Default)]
+pub struct InMemory;
+
+impl Harness for InMemory {
+    type Storage = ObjectStorage;
+
+    fn fresh(&self) -> ObjectStorage {
+        ObjectStorage::new(Arc::new(object_store::memory::InMemory::new()))
+            .unwrap()
+            .with_options(SMALL_PARTS)
+    }
+
+    fn reopen(&self, storage: &ObjectStorage) -> ObjectStorage {
+        storage.clone()
+    }
+
+    fn write_buffer_bound(&self, container_len: u64) -> u64 {
+        // The store keeps the object in memory, and parts are copied into it.
+        2 * container_len + SMALL_PARTS.buffer_bound(Some(container_len))
+    }
+}
+
+/// A store reached by URL: `file://` in a temporary directory, or a server from the
+/// environment.
+#[derive(Debug)]
+pub struct ByUrl {
+    base: Option<String>,
+    why_not: String,
+    options: ObjectStoreOptions,
+    run: String,
+    next: AtomicUsize,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl ByUrl {
+    /// LocalFileSystem under a temporary directory.
+    pub fn local_fs() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let base = format!("file://{}", dir.path().display());
+        Self::new(Some(base), String::new(), SMALL_PARTS, Some(dir))
+    }
+
+    /// The S3 server named by `WEIGHTBAY_S3_URL` and the `AWS_*` variables.
+    pub fn s3() -> Self {
+        let base = std::env::var("WEIGHTBAY_S3_URL")
+            .ok()
+            .filter(|_| std::env::var("AWS_ENDPOINT").is_ok());
+        Self::new(base, "no S3 server: WEIGHTBAY_S3_URL and AWS_ENDPOINT are unset (scripts/servers.sh start s3)".into(), server_parts(), None)
+    }
+
+    /// The GCS server named by `WEIGHTBAY_GCS_URL` and the `GOOGLE_*` variables.
+    pub fn gcs() -> Self {
+        let base = std::env::var("WEIGHTBAY_GCS_URL")
+            .ok()
+            .filter(|_| std::env::var("GOOGLE_SERVICE_ACCOUNT").is_ok());
+        Self::new(base, "no GCS server: WEIGHTBAY_GCS_URL and GOOGLE_SERVICE_ACCOUNT are unset (scripts/servers.sh start gcs)".into(), server_parts(), None)
+    }
+
+    fn new(
+        base: Option<String>,
+        why_not: String,
+        options: ObjectStoreOptions,
+        dir: Option<tempfile::TempDir>,
+    ) -> Self {
+        Self {
+            base,
+            why_not,
+            options,
+            run: unique_run(),
+            next: AtomicUsize::new(0),
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, n: usize) -> String {
+        format!(
+            "{}/{}/storage-{n}",
+            self.base.as_deref().unwrap_or_default(),
+            self.run
+        )
+    }
+
+    pub fn open(&self, url: &str) -> ObjectStorage {
+        let storage = open_url(url, std::iter::empty::<(&str, &str)>())
+            .unwrap_or_else(|e| panic!("opening {url}: {e}"));
+        let durable = storage.options().durable;
+        storage.with_options(ObjectStoreOptions {
+            durable,
+            ..self.options
+        })
+    }
+}
+
+/// Servers refuse parts under 5 MiB.
+fn server_parts() -> ObjectStoreOptions {
+    ObjectStoreOptions {
+        part_size: weightbay_object_store::MIN_PART_SIZE,
+        parts_in_flight: 4,
+        ..ObjectStoreOptions::default()
+    }
+}
+
+impl Harness for ByUrl {
+    type Storage = ObjectStorage;
+
+    fn unavailable(&self) -> Option<String> {
+        self.base.is_none().then(|| self.why_not.clone())
+    }
+
+    fn fresh(&self) -> ObjectStorage {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.open(&self.url(n))
+    }
+
+    fn reopen(&self, storage: &ObjectStorage) -> ObjectStorage {
+        storage.clone()
+    }
+
+    fn locator(&self, storage: &ObjectStorage) -> Option<String> {
+        // The prefix holds the whole path for file:// stores, and the path after the bucket
+        // for servers (whose base URL is just scheme and bucket).
+        let base = self.base.as_deref()?;
+        Some(if base.starts_with("file://") {
+            format!("file:///{}", storage.prefix())
+        } else {
+            format!("{base}/{}", storage.prefix())
+        })
+    }
+
+    fn reopen_at(&self, locator: &str) -> Option<ObjectStorage> {
+        Some(self.open(locator))
+    }
+
+    fn write_buffer_bound(&self, container_len: u64) -> u64 {
+        self.options.buffer_bound(Some(container_len))
+    }
+}
