@@ -1,7 +1,6 @@
 //! The conformance cases. Each is a public function generic over a [`Harness`]; the
 //! [`suite!`](crate::suite) macro makes one `#[test]` of each.
 
-use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Barrier};
 
@@ -13,7 +12,8 @@ use weightbay::{
 };
 
 use crate::alloc::CountingAllocator;
-use crate::strategies::{self, ContainerSpec};
+use crate::model::{KEYS, Model, Op};
+use crate::strategies::{self, ContainerSpec, sample};
 use crate::{Faulty, Harness, SimulatedDisk};
 
 /// Fails the running case with a message naming it.
@@ -90,7 +90,7 @@ fn parse_seed(hex: &str) -> Option<[u8; 32]> {
 }
 
 /// Every byte stored at `key`, or the error of opening or reading it.
-fn stored(storage: &dyn Storage, key: &str) -> weightbay::Result<Vec<u8>> {
+pub(crate) fn stored(storage: &dyn Storage, key: &str) -> weightbay::Result<Vec<u8>> {
     let source = storage.open(key)?;
     let len = usize::try_from(source.len()).map_err(|_| weightbay::Error::invalid("too large"))?;
     let mut out = vec![0; len];
@@ -144,28 +144,6 @@ fn assert_nothing_pending(case: &str, context: &str, storage: &dyn Storage) {
             ),
             Err(e) => fail!(case, "{context}: pending() failed: {e}"),
         }
-    }
-}
-
-/// A small container with one tensor per entry of `sizes`, each filled with `fill`.
-fn sample(sizes: &[usize], fill: u8) -> ContainerSpec {
-    ContainerSpec {
-        tensors: sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| strategies::TensorSpec {
-                name: format!("layer{i}.weight"),
-                dtype: DType::U8,
-                shape: vec![len as u64],
-                param_id: None,
-                data: (0..len).map(|j| fill.wrapping_add(j as u8)).collect(),
-                deferred: i % 2 == 1,
-            })
-            .collect(),
-        metadata: BTreeMap::from([("fill".to_string(), fill.to_string())]),
-        scalars: BTreeMap::new(),
-        alignment: 256,
-        trailer: true,
     }
 }
 
@@ -254,138 +232,31 @@ pub fn roundtrip_matches_writer<H: Harness>(harness: &H) {
     }
 }
 
-#[derive(Debug, Clone)]
-enum Op {
-    Put {
-        key: usize,
-        version: u8,
-        create_new: bool,
-    },
-    Abort {
-        key: usize,
-        version: u8,
-    },
-    Delete {
-        key: usize,
-    },
-    Open {
-        key: usize,
-    },
-}
-
 fn op() -> impl Strategy<Value = Op> {
-    let key = 0usize..3;
+    let key = 0usize..KEYS.len();
     prop_oneof![
-        3 => (key.clone(), 0u8..4, any::<bool>()).prop_map(|(key, version, create_new)| Op::Put { key, version, create_new }),
+        3 => (key.clone(), 0u8..4, any::<bool>(), proptest::option::weighted(0.2, 1u64..12))
+            .prop_map(|(key, version, create_new, fail_at)| Op::Put { key, version, create_new, fail_at }),
         1 => (key.clone(), 0u8..4).prop_map(|(key, version)| Op::Abort { key, version }),
         1 => key.clone().prop_map(|key| Op::Delete { key }),
-        2 => key.prop_map(|key| Op::Open { key }),
+        2 => key.clone().prop_map(|key| Op::Open { key }),
+        1 => (key, 0u64..2000, 0u64..700).prop_map(|(key, start, len)| Op::ReadRange { key, start, len }),
     ]
 }
 
-/// Random sequences of create, overwrite, create-new, abort, delete and open, run against the
-/// backend and against a `BTreeMap`, compared after every step.
+/// Random sequences of create, overwrite, create-new (some with an injected fault), abort,
+/// delete, open and ranged reads, run against the backend and against a `BTreeMap` model,
+/// compared after every step.
 pub fn model_based_operations<H: Harness>(harness: &H) {
     let case = "model_based_operations";
-    let keys = ["a.bpk", "dir/b.bpk", "dir/sub/c.bpk"];
-    let versions: Vec<Vec<u8>> = (0..4u8)
-        .map(|v| sample(&[10 + usize::from(v) * 300, 5], v).bytes())
-        .collect();
     run_property(case, proptest::collection::vec(op(), 1..24), |ops| {
         let storage = harness.fresh();
-        let atomic_create_new = storage.capabilities().atomic_create_new;
-        let mut model: BTreeMap<usize, u8> = BTreeMap::new();
+        let mut model = Model::default();
         for (step, op) in ops.iter().enumerate() {
-            match *op {
-                Op::Put {
-                    key,
-                    version,
-                    create_new,
-                } => {
-                    let mode = if create_new {
-                        WriteMode::CreateNew
-                    } else {
-                        WriteMode::Overwrite
-                    };
-                    let result = sample(&[10 + usize::from(version) * 300, 5], version)
-                        .writer()
-                        .with_mode(mode)
-                        .write_to(&storage, keys[key]);
-                    let expected = match (create_new, atomic_create_new, model.contains_key(&key)) {
-                        (true, false, _) => Err(ErrorKind::Unsupported),
-                        (true, true, true) => Err(ErrorKind::AlreadyExists),
-                        _ => Ok(()),
-                    };
-                    prop_assert_eq!(
-                        result.as_ref().map(|_| ()).map_err(|e| e.kind()),
-                        expected,
-                        "step {}: {:?}: {:?}",
-                        step,
-                        op,
-                        result.err().map(|e| e.to_string())
-                    );
-                    if expected.is_ok() {
-                        model.insert(key, version);
-                    }
-                }
-                Op::Abort { key, version } => {
-                    let mut sink = storage
-                        .create(keys[key], &CreateOptions::default())
-                        .map_err(|e| TestCaseError::fail(format!("step {step}: create: {e}")))?;
-                    let bytes = &versions[usize::from(version)];
-                    sink.write(&bytes[..bytes.len() / 2])
-                        .map_err(|e| TestCaseError::fail(format!("step {step}: write: {e}")))?;
-                    drop(sink);
-                }
-                Op::Delete { key } => {
-                    let result = storage.delete(keys[key]).map_err(|e| e.kind());
-                    let expected = if model.remove(&key).is_some() {
-                        Ok(())
-                    } else {
-                        Err(ErrorKind::NotFound)
-                    };
-                    prop_assert_eq!(result, expected, "step {}: {:?}", step, op);
-                }
-                Op::Open { key } => {
-                    let result = storage.open(keys[key]).map(|_| ()).map_err(|e| e.kind());
-                    let expected = if model.contains_key(&key) {
-                        Ok(())
-                    } else {
-                        Err(ErrorKind::NotFound)
-                    };
-                    prop_assert_eq!(result, expected, "step {}: {:?}", step, op);
-                }
-            }
-            for (index, key) in keys.iter().enumerate() {
-                let actual = stored(&storage, key);
-                match model.get(&index) {
-                    Some(&version) => prop_assert_eq!(
-                        actual.ok(),
-                        Some(versions[usize::from(version)].clone()),
-                        "after step {} ({:?}): `{}`",
-                        step,
-                        op,
-                        key
-                    ),
-                    None => prop_assert_eq!(
-                        actual.map(|_| ()).map_err(|e| e.kind()),
-                        Err(ErrorKind::NotFound),
-                        "after step {} ({:?}): `{}` should be absent",
-                        step,
-                        op,
-                        key
-                    ),
-                }
-            }
-            if storage.capabilities().pending_listing {
-                prop_assert_eq!(
-                    storage.pending().map_err(|e| e.to_string()),
-                    Ok(vec![]),
-                    "after step {} ({:?})",
-                    step,
-                    op
-                );
-            }
+            model
+                .apply(&storage, op)
+                .and_then(|()| model.check(&storage))
+                .map_err(|e| TestCaseError::fail(format!("step {step} ({op:?}): {e}")))?;
         }
         Ok(())
     });

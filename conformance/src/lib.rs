@@ -35,6 +35,7 @@
 pub mod alloc;
 pub mod cases;
 pub mod faulty;
+pub mod model;
 pub mod sim_disk;
 pub mod strategies;
 

@@ -168,3 +168,26 @@ pub fn container() -> impl Strategy<Value = ContainerSpec> {
             }
         })
 }
+
+/// A small container with one tensor per entry of `sizes` (U8, odd ones deferred), each
+/// filled with `fill`.
+pub fn sample(sizes: &[usize], fill: u8) -> ContainerSpec {
+    ContainerSpec {
+        tensors: sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| TensorSpec {
+                name: format!("layer{i}.weight"),
+                dtype: DType::U8,
+                shape: vec![len as u64],
+                param_id: None,
+                data: (0..len).map(|j| fill.wrapping_add(j as u8)).collect(),
+                deferred: i % 2 == 1,
+            })
+            .collect(),
+        metadata: BTreeMap::from([("fill".to_string(), fill.to_string())]),
+        scalars: BTreeMap::new(),
+        alignment: 256,
+        trailer: true,
+    }
+}

@@ -408,6 +408,34 @@ pub trait Storage: Send + Sync + fmt::Debug {
     }
 }
 
+macro_rules! forward_storage {
+    ($($pointer:ty),*) => {$(
+        /// Forwards to the storage behind the pointer, so `&S`, `Box<dyn Storage>` and
+        /// `Arc<dyn Storage>` are storages too.
+        impl<S: Storage + ?Sized> Storage for $pointer {
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+                (**self).create(key, options)
+            }
+            fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+                (**self).open(key)
+            }
+            fn delete(&self, key: &str) -> Result<()> {
+                (**self).delete(key)
+            }
+            fn pending(&self) -> Result<Vec<String>> {
+                (**self).pending()
+            }
+            fn clean_pending(&self) -> Result<Vec<String>> {
+                (**self).clean_pending()
+            }
+        }
+    )*};
+}
+forward_storage!(&S, Box<S>, Arc<S>);
+
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
 

@@ -15,7 +15,20 @@ use weightbay::{Error, ErrorKind, Result};
 pub struct Bridge {
     handle: tokio::runtime::Handle,
     /// Keeps an owned runtime alive; `None` when borrowing the caller's.
-    _owned: Option<Arc<tokio::runtime::Runtime>>,
+    _owned: Option<Arc<OwnedRuntime>>,
+}
+
+/// A runtime that shuts down without blocking when dropped, so the last handle to a storage
+/// may be dropped anywhere, inside an async context too.
+#[derive(Debug)]
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Bridge {
@@ -32,7 +45,7 @@ impl Bridge {
             .map_err(|e| Error::io("starting the object-store runtime", e))?;
         Ok(Self {
             handle: runtime.handle().clone(),
-            _owned: Some(Arc::new(runtime)),
+            _owned: Some(Arc::new(OwnedRuntime(Some(runtime)))),
         })
     }
 

@@ -1,0 +1,203 @@
+//! A model of what a storage should hold: a `BTreeMap` from key to container version, which
+//! the model-based case and the `storage_ops` fuzz target drive alongside a real backend.
+
+use std::collections::BTreeMap;
+
+use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
+
+use crate::Faulty;
+use crate::strategies::sample;
+
+/// The keys operations act on: nested directories on purpose.
+pub const KEYS: [&str; 3] = ["a.bpk", "dir/b.bpk", "dir/sub/c.bpk"];
+/// How many distinct container versions operations write.
+pub const VERSIONS: u8 = 4;
+
+/// One storage operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Write version `version` to `KEYS[key]`, create-new or overwrite; with `fail_at`, the
+    /// storage fails its operation number `fail_at` during the write.
+    Put {
+        key: usize,
+        version: u8,
+        create_new: bool,
+        fail_at: Option<u64>,
+    },
+    /// Start writing `version` to `KEYS[key]`, then drop the sink half way.
+    Abort { key: usize, version: u8 },
+    /// Delete `KEYS[key]`.
+    Delete { key: usize },
+    /// Open `KEYS[key]`.
+    Open { key: usize },
+    /// Read `len` bytes at `start` of `KEYS[key]`.
+    ReadRange { key: usize, start: u64, len: u64 },
+}
+
+/// The expected contents of each key.
+#[derive(Debug, Default, Clone)]
+pub struct Model {
+    held: BTreeMap<usize, u8>,
+}
+
+/// The bytes of container `version`.
+pub fn version_bytes(version: u8) -> Vec<u8> {
+    sample(&[10 + usize::from(version) * 300, 5], version).bytes()
+}
+
+fn key(index: usize) -> Result<&'static str, String> {
+    KEYS.get(index)
+        .copied()
+        .ok_or_else(|| format!("no key number {index}"))
+}
+
+impl Model {
+    /// Performs `op` on `storage`, checks its result against the model, and updates the model.
+    ///
+    /// # Errors
+    /// A description of the first difference.
+    pub fn apply<S: Storage>(&mut self, storage: &S, op: &Op) -> Result<(), String> {
+        match *op {
+            Op::Put {
+                key: index,
+                version,
+                create_new,
+                fail_at,
+            } => {
+                let mode = if create_new {
+                    WriteMode::CreateNew
+                } else {
+                    WriteMode::Overwrite
+                };
+                let writer = sample(&[10 + usize::from(version) * 300, 5], version)
+                    .writer()
+                    .with_mode(mode);
+                let result = match fail_at {
+                    Some(n) => writer.write_to(&Faulty::failing_at(storage, n), key(index)?),
+                    None => writer.write_to(storage, key(index)?),
+                };
+                let expected = match (
+                    create_new,
+                    storage.capabilities().atomic_create_new,
+                    self.held.contains_key(&index),
+                ) {
+                    (true, false, _) => Err(ErrorKind::Unsupported),
+                    (true, true, true) => Err(ErrorKind::AlreadyExists),
+                    _ => Ok(()),
+                };
+                match (&result, expected) {
+                    (Err(e), _)
+                        if fail_at.is_some() && e.to_string().contains("injected fault") => {}
+                    (Ok(_), Ok(())) => {
+                        self.held.insert(index, version);
+                    }
+                    (Err(e), Err(kind)) if e.kind() == kind => {}
+                    _ => {
+                        return Err(format!(
+                            "expected {expected:?}, got {:?}",
+                            result.map(|_| ()).map_err(|e| e.to_string())
+                        ));
+                    }
+                }
+            }
+            Op::Abort {
+                key: index,
+                version,
+            } => {
+                let mut sink = storage
+                    .create(key(index)?, &CreateOptions::default())
+                    .map_err(|e| format!("create: {e}"))?;
+                let bytes = version_bytes(version);
+                sink.write(&bytes[..bytes.len() / 2])
+                    .map_err(|e| format!("write: {e}"))?;
+                drop(sink);
+            }
+            Op::Delete { key: index } => {
+                let result = storage.delete(key(index)?).map_err(|e| e.kind());
+                let expected = if self.held.remove(&index).is_some() {
+                    Ok(())
+                } else {
+                    Err(ErrorKind::NotFound)
+                };
+                if result != expected {
+                    return Err(format!("delete: expected {expected:?}, got {result:?}"));
+                }
+            }
+            Op::Open { key: index } => {
+                let result = storage.open(key(index)?).map(|_| ()).map_err(|e| e.kind());
+                let expected = if self.held.contains_key(&index) {
+                    Ok(())
+                } else {
+                    Err(ErrorKind::NotFound)
+                };
+                if result != expected {
+                    return Err(format!("open: expected {expected:?}, got {result:?}"));
+                }
+            }
+            Op::ReadRange {
+                key: index,
+                start,
+                len,
+            } => {
+                let Some(&version) = self.held.get(&index) else {
+                    return Ok(());
+                };
+                let source = storage
+                    .open(key(index)?)
+                    .map_err(|e| format!("open: {e}"))?;
+                let bytes = version_bytes(version);
+                let mut buf = vec![0; usize::try_from(len).map_err(|e| e.to_string())?];
+                let result = source.read_at(start, &mut buf);
+                let end = start.saturating_add(len);
+                match result {
+                    Ok(()) if end <= bytes.len() as u64 => {
+                        // In range of a small in-memory container.
+                        if buf != bytes[start as usize..end as usize] {
+                            return Err(format!("read_at({start}, {len}) returned other bytes"));
+                        }
+                    }
+                    Err(e) if end > bytes.len() as u64 && e.kind() == ErrorKind::OutOfRange => {}
+                    other => {
+                        return Err(format!(
+                            "read_at({start}, {len}) of {} bytes: {:?}",
+                            bytes.len(),
+                            other.map_err(|e| e.to_string())
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares every key of `storage` with the model, and checks nothing is pending.
+    ///
+    /// # Errors
+    /// A description of the first difference.
+    pub fn check<S: Storage>(&self, storage: &S) -> Result<(), String> {
+        for (index, key) in KEYS.iter().enumerate() {
+            let actual = crate::cases::stored(storage, key);
+            match (self.held.get(&index), actual) {
+                (Some(&version), Ok(bytes)) if bytes == version_bytes(version) => {}
+                (None, Err(e)) if e.kind() == ErrorKind::NotFound => {}
+                (expected, actual) => {
+                    return Err(format!(
+                        "`{key}` should hold {}, but {}",
+                        expected.map_or("nothing".to_string(), |v| format!("version {v}")),
+                        match actual {
+                            Ok(bytes) => format!("it holds {} other bytes", bytes.len()),
+                            Err(e) => format!("reading it failed: {e}"),
+                        }
+                    ));
+                }
+            }
+        }
+        if storage.capabilities().pending_listing {
+            let pending = storage.pending().map_err(|e| format!("pending: {e}"))?;
+            if !pending.is_empty() {
+                return Err(format!("unfinished writes left behind: {pending:?}"));
+            }
+        }
+        Ok(())
+    }
+}
