@@ -538,7 +538,7 @@ pub fn abort_on_drop_leaves_nothing<H: Harness>(harness: &H) {
 }
 
 /// A failing provider, a wrong produced length and a panicking provider each leave the key
-/// exactly as it was, with nothing behind, for overwrite and create-new.
+/// exactly as it was, with nothing behind, for an existing key and a fresh one.
 pub fn failed_writes_leave_key_unchanged<H: Harness>(harness: &H) {
     let case = "failed_writes_leave_key_unchanged";
     let storage = harness.fresh();

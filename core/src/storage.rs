@@ -170,7 +170,9 @@ impl AllocationController for LazyRegion {
 /// - Dropping a sink without committing aborts it: the key is exactly as it was and nothing
 ///   is left behind (no scratch file, no pending upload).
 /// - After any error from [`write`](Self::write) or [`pad`](Self::pad) the caller drops the
-///   sink; a failed `commit` leaves the key as it was.
+///   sink. A failed `commit` leaves the key as it was, with one exception a backend must name
+///   in the error: the container was published but could not be made durable (a directory
+///   fsync that failed after the rename).
 pub trait Sink: Send {
     /// Appends `data`.
     ///
@@ -357,7 +359,7 @@ impl Capabilities {
 ///   delete never mixes into it.
 /// - [`delete`](Self::delete) removes the key; [`ErrorKind::NotFound`] if absent.
 /// - [`pending`](Self::pending) lists writes started and neither committed nor aborted
-///   (scratch files of dead writers, unfinished multipart uploads), and
+///   that the backend can see (scratch files of dead writers, staged uploads), and
 ///   [`clean_pending`](Self::clean_pending) removes those whose writer is gone, when the
 ///   backend declares [`Capabilities::pending_listing`]; otherwise both fail with
 ///   [`ErrorKind::Unsupported`].

@@ -75,22 +75,32 @@ impl LocalStorage {
 
     fn path(&self, key: &str) -> Result<PathBuf> {
         validate_key(key)?;
+        let file_name = key.rsplit('/').next().unwrap_or(key);
+        if scratch_pid(file_name).is_some() {
+            return Err(Error::invalid(
+                "file names like `<name>.<pid>-<n>.tmp` are reserved for scratch files",
+            )
+            .with_key(key));
+        }
         Ok(self.root.join(key))
     }
 
     /// Removes the scratch files of writers that are no longer running (their process id is
     /// gone) and returns their paths relative to the root. Scratch files of live writers, in
-    /// this process or another, are left alone. Process liveness is read from `/proc`; where
-    /// there is none (not Linux), only this process's own stale scratch files are removed.
+    /// this process or another, are left alone. Liveness is read from `/proc`: where there is
+    /// none (not Linux), nothing can be proven dead and nothing is removed. A writer in another
+    /// PID namespace looks dead, so do not share a directory across containers while saving.
     ///
     /// # Errors
     /// The file system's error.
     pub fn clean_pending(&self) -> Result<Vec<String>> {
         let mut removed = Vec::new();
+        if !Path::new("/proc/self").exists() {
+            return Ok(removed);
+        }
         for (relative, pid) in self.scratch_files()? {
-            let alive = pid == std::process::id()
-                || (Path::new("/proc/self").exists()
-                    && Path::new("/proc").join(pid.to_string()).exists());
+            let alive =
+                pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists();
             if !alive {
                 let path = self.root.join(&relative);
                 self.fs
@@ -157,11 +167,16 @@ fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
 
 impl Storage for LocalStorage {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
+        let capabilities = Capabilities::NONE
             .with_atomic_create_new()
-            .with_durable_commit()
             .with_in_place_writes()
-            .with_pending_listing()
+            .with_pending_listing();
+        // Durable needs a directory fsync, which only Unix offers.
+        if cfg!(unix) {
+            capabilities.with_durable_commit()
+        } else {
+            capabilities
+        }
     }
 
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
@@ -169,6 +184,12 @@ impl Storage for LocalStorage {
         self.capabilities().check(options)?;
         let durable = options.durability != Durability::Flushed;
         let parent = path.parent().unwrap_or(&self.root).to_path_buf();
+        // Directories this save creates must be made durable too, each in its own parent.
+        let new_dirs: Vec<PathBuf> = parent
+            .ancestors()
+            .take_while(|dir| self.fs.list_dir(dir).is_err())
+            .map(Path::to_path_buf)
+            .collect();
         self.fs
             .create_dir_all(&parent)
             .map_err(|e| io_error("creating directory", &parent, e))?;
@@ -209,6 +230,7 @@ impl Storage for LocalStorage {
             durable,
             written: 0,
             expected_len: options.expected_len,
+            new_dirs,
         }))
     }
 
@@ -264,6 +286,8 @@ struct AtomicSink {
     durable: bool,
     written: u64,
     expected_len: Option<u64>,
+    /// Directories created for this save, deepest first.
+    new_dirs: Vec<PathBuf>,
 }
 
 impl Sink for AtomicSink {
@@ -330,12 +354,25 @@ impl Sink for AtomicSink {
                 .rename(&self.scratch, &self.path)
                 .map_err(|e| io_error("renaming onto", &self.path, e))?;
         }
-        // Published: from here on, Drop must not remove anything.
+        // Published: from here on, Drop must not remove anything, and an error means the
+        // container is visible but may not survive power loss.
         self.scratch = PathBuf::new();
         if self.durable {
+            let unsynced = |dir: &Path, e| {
+                io_error(
+                    "published, but could not make durable the directory",
+                    dir,
+                    e,
+                )
+            };
             self.fs
                 .sync_dir(&self.parent)
-                .map_err(|e| io_error("syncing directory", &self.parent, e))?;
+                .map_err(|e| unsynced(&self.parent, e))?;
+            for dir in &self.new_dirs {
+                if let Some(parent) = dir.parent() {
+                    self.fs.sync_dir(parent).map_err(|e| unsynced(parent, e))?;
+                }
+            }
         }
         Ok(())
     }
@@ -352,7 +389,8 @@ impl Drop for AtomicSink {
     }
 }
 
-/// Writes the destination itself, keeping its inode; a failure leaves it truncated.
+/// Writes the destination itself, keeping its inode. The old container is gone as soon as
+/// the sink is created; a failure leaves a truncated file.
 struct InPlaceSink {
     file: Box<dyn FileHandle>,
     path: PathBuf,

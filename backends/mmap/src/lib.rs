@@ -133,9 +133,10 @@ impl MmapSource {
     pub fn open(path: &Path, prefetch: Prefetch) -> Result<Self> {
         let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
         let file = File::open(path).map_err(|e| io("opening", e))?;
-        // SAFETY: the map is read-only and private to this process's view of an inode that
-        // weightbay never modifies in place (saves replace files by rename). Another program
-        // truncating the file could still raise SIGBUS; the crate docs state the hazard.
+        // SAFETY: the map is shared and read-only, over an inode that weightbay never modifies
+        // in place (its saves replace files by rename, and this storage refuses in-place
+        // writes). Another program truncating the file could still raise SIGBUS; the crate
+        // docs state the hazard.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io("mapping", e))?;
         if prefetch == Prefetch::Sequential && !map.is_empty() {
             // Advice is a hint: a kernel that ignores it changes nothing but speed.

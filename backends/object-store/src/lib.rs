@@ -70,7 +70,8 @@ pub struct ObjectStoreOptions {
     pub part_size: usize,
     /// Parts uploading at once; the writer blocks when this many are in flight. Default 8.
     pub parts_in_flight: usize,
-    /// Whether a completed upload survives power loss (true for S3, GCS, Azure).
+    /// Whether a completed upload survives power loss. Default false; [`open_url`] sets it
+    /// for S3, GCS and Azure.
     pub durable: bool,
     /// Bytes [`ObjectSource::fetch`] keeps in flight at once. Default 256 MiB.
     pub fetch_budget: usize,

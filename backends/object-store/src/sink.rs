@@ -42,6 +42,17 @@ impl ObjectSink {
         options: &CreateOptions,
     ) -> Result<Self> {
         let create_new = options.mode == WriteMode::CreateNew;
+        // S3's conditional copy is a one-part multipart copy, which S3 caps at 5 GiB.
+        const S3_COPY_LIMIT: u64 = 5 << 30;
+        if create_new
+            && options.expected_len.is_some_and(|len| len > S3_COPY_LIMIT)
+            && storage.store.to_string().starts_with("AmazonS3")
+        {
+            return Err(Error::unsupported(
+                "create-new of containers over 5 GiB on S3 (its conditional copy stops there)",
+            )
+            .with_key(key));
+        }
         if create_new {
             let store = Arc::clone(&storage.store);
             let path = target.clone();
