@@ -32,10 +32,23 @@ for server in s3 gcs; do
     fi
 done
 
+step "Python safetensors, for the interop test that reads our files with it"
+venv=${WEIGHTBAY_CACHE:-$HOME/.cache/weightbay}/venv
+if [ -x "$venv/bin/python" ] && { "$venv/bin/python" -c "import safetensors.numpy" 2>/dev/null ||
+    "$venv/bin/pip" install -q "safetensors==0.7.0" "numpy<3" >&2; }; then
+    export WEIGHTBAY_PYTHON=$venv/bin/python
+elif [ "${WEIGHTBAY_REQUIRE_SERVERS:-0}" = 1 ]; then
+    echo "error: could not install Python's safetensors into $venv" >&2
+    exit 1
+fi
+
 step "cargo test --workspace"
 cargo test --workspace --locked
 
-if [ -x scripts/fuzz-smoke.sh ] && [ "${WEIGHTBAY_FUZZ_SECONDS:-20}" != 0 ]; then
+step "fuzz seeds replayed on stable (cargo test in fuzz/)"
+cargo test --manifest-path fuzz/Cargo.toml --locked
+
+if [ "${WEIGHTBAY_FUZZ_SECONDS:-20}" != 0 ]; then
     step "fuzz smoke run"
     scripts/fuzz-smoke.sh "${WEIGHTBAY_FUZZ_SECONDS:-20}"
 fi

@@ -77,6 +77,12 @@ pub enum DType {
     Bool(BoolStore),
     /// A quantized float tensor; see [`QuantScheme`].
     QFloat(QuantScheme),
+    /// 8-bit float, 4 exponent and 3 mantissa bits (safetensors `F8_E4M3`; no Burnpack
+    /// spelling).
+    F8E4M3,
+    /// 8-bit float, 5 exponent and 2 mantissa bits (safetensors `F8_E5M2`; no Burnpack
+    /// spelling).
+    F8E5M2,
 }
 
 impl DType {
@@ -106,7 +112,8 @@ impl DType {
             Self::F64 | Self::I64 | Self::U64 => 8,
             Self::F32 | Self::Flex32 | Self::I32 | Self::U32 | Self::Bool(BoolStore::U32) => 4,
             Self::F16 | Self::BF16 | Self::I16 | Self::U16 => 2,
-            Self::I8 | Self::U8 | Self::Bool(BoolStore::Native | BoolStore::U8) => 1,
+            Self::I8 | Self::U8 | Self::F8E4M3 | Self::F8E5M2 => 1,
+            Self::Bool(BoolStore::Native | BoolStore::U8) => 1,
             Self::QFloat(_) => return None,
         })
     }
@@ -124,7 +131,7 @@ impl DType {
     }
 
     /// The Burnpack text spelling of a plain dtype (`"F32"`); `None` for Bool and QFloat,
-    /// which are spelled as one-entry maps.
+    /// which are spelled as one-entry maps, and for the dtypes Burnpack cannot store.
     pub(crate) fn plain_name(&self) -> Option<&'static str> {
         Some(match self {
             Self::F64 => "F64",
@@ -140,8 +147,36 @@ impl DType {
             Self::U32 => "U32",
             Self::U16 => "U16",
             Self::U8 => "U8",
-            Self::Bool(_) | Self::QFloat(_) => return None,
+            Self::Bool(_) | Self::QFloat(_) | Self::F8E4M3 | Self::F8E5M2 => return None,
         })
+    }
+
+    /// Whether a Burnpack container can store this dtype.
+    pub fn in_burnpack(&self) -> bool {
+        !matches!(self, Self::F8E4M3 | Self::F8E5M2)
+    }
+
+    /// The safetensors spelling (`"F32"`, `"BOOL"`, `"F8_E4M3"`), or `None` for dtypes
+    /// safetensors cannot store (Flex32, Bool stored as U8 or U32, QFloat).
+    pub fn safetensors_name(&self) -> Option<&'static str> {
+        Some(match self {
+            Self::Bool(BoolStore::Native) => "BOOL",
+            Self::F8E4M3 => "F8_E4M3",
+            Self::F8E5M2 => "F8_E5M2",
+            Self::Flex32 | Self::Bool(_) | Self::QFloat(_) => return None,
+            plain => return plain.plain_name(),
+        })
+    }
+
+    /// The dtype a safetensors spelling names.
+    pub fn from_safetensors_name(name: &str) -> Option<Self> {
+        match name {
+            "BOOL" => Some(Self::Bool(BoolStore::Native)),
+            "F8_E4M3" => Some(Self::F8E4M3),
+            "F8_E5M2" => Some(Self::F8E5M2),
+            "Flex32" => None,
+            other => Self::from_plain_name(other),
+        }
     }
 
     pub(crate) fn from_plain_name(name: &str) -> Option<Self> {
@@ -157,6 +192,8 @@ impl fmt::Display for DType {
         match self {
             Self::Bool(store) => write!(f, "Bool({})", store.name()),
             Self::QFloat(_) => f.write_str("QFloat"),
+            Self::F8E4M3 => f.write_str("F8_E4M3"),
+            Self::F8E5M2 => f.write_str("F8_E5M2"),
             plain => f.write_str(plain.plain_name().unwrap_or("?")),
         }
     }

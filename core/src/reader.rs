@@ -6,8 +6,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::format::cbor::{self, Descriptor};
+use crate::format::safetensors::{self, LEN_FIELD};
 use crate::format::trailer::{self, FOOTER_LEN};
-use crate::format::{self, HEADER_LEN, Limits, MAGIC, TENSOR_ALIGNMENT, VERSION};
+use crate::format::{
+    self, Format, HEADER_LEN, Limits, MAGIC, SCALAR_METADATA_PREFIX, TENSOR_ALIGNMENT, VERSION,
+};
 use crate::storage::Source;
 use crate::writer::WRITE_CHUNK_LEN;
 use crate::{Bytes, DType, Error, ErrorKind, Result, Scalar, Tensor, Writer};
@@ -104,6 +107,7 @@ pub struct Reader {
     /// Where the trailer starts, when the container has one.
     trailer_start: Option<u64>,
     validation: Validation,
+    format: Format,
 }
 
 impl Reader {
@@ -145,8 +149,11 @@ impl Reader {
         source.read_at(0, &mut prefix)?;
         let magic = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
         if magic != MAGIC {
+            if safetensors::looks_like(&prefix) {
+                return Self::parse_safetensors(source, prefix, options);
+            }
             return Err(Error::corrupt(format!(
-                "magic is {magic:#010x}, not Burnpack's {MAGIC:#010x}"
+                "magic is {magic:#010x}, not Burnpack's {MAGIC:#010x}, and this is not safetensors either"
             )));
         }
         let version = u16::from_le_bytes([prefix[4], prefix[5]]);
@@ -229,7 +236,62 @@ impl Reader {
             metadata_end,
             trailer_start,
             validation: options.validation,
+            format: Format::Burnpack,
         })
+    }
+
+    fn parse_safetensors(
+        source: Arc<dyn Source>,
+        mut prefix: Vec<u8>,
+        options: ReadOptions,
+    ) -> Result<Self> {
+        let limits = options.limits;
+        let len = source.len();
+        let header_len = u64::from_le_bytes(prefix[..8].try_into().unwrap_or_default());
+        if header_len > limits.max_metadata_len {
+            return Err(Error::new(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "safetensors header claims {header_len} bytes, over the limit of {}",
+                    limits.max_metadata_len
+                ),
+            ));
+        }
+        let data_start = LEN_FIELD + header_len;
+        if data_start > len {
+            return Err(Error::corrupt(format!(
+                "safetensors header claims {header_len} bytes but the file has only {len}"
+            )));
+        }
+        if data_start > prefix.len() as u64 {
+            // Bounded by the source's length and the header limit, both checked above.
+            let mut rest = vec![0; (data_start - prefix.len() as u64) as usize];
+            source.read_at(prefix.len() as u64, &mut rest)?;
+            prefix.extend_from_slice(&rest);
+        }
+        let (descriptors, mut metadata) =
+            safetensors::decode(&prefix[LEN_FIELD as usize..data_start as usize], &limits)?;
+        drop(prefix);
+        let scalars = take_scalars(&mut metadata)?;
+        // Alignment and overlap rules are Burnpack's; safetensors has its own tiling rule.
+        let tensors = validate(descriptors, data_start, len, &limits, false)?;
+        safetensors::check_layout(&tensors, data_start, len)?;
+        Ok(Self {
+            source,
+            tensors,
+            metadata,
+            scalars,
+            data_start,
+            metadata_end: data_start,
+            trailer_start: None,
+            validation: options.validation,
+            format: Format::Safetensors,
+        })
+    }
+
+    /// The container's format.
+    pub fn format(&self) -> Format {
+        self.format
     }
 
     /// The tensors, sorted by name.
@@ -347,7 +409,7 @@ impl Reader {
                 }
             })
             .collect();
-        let mut writer = Writer::new(tensors);
+        let mut writer = Writer::new(tensors).with_format(self.format);
         for (key, value) in &self.metadata {
             writer = writer.with_metadata(key, value);
         }
@@ -476,6 +538,32 @@ fn crc_of(
         offset += step as u64;
     }
     Ok(crc)
+}
+
+/// Moves the scalars that travel in safetensors metadata (see [`SCALAR_METADATA_PREFIX`])
+/// out of it.
+fn take_scalars(metadata: &mut BTreeMap<String, String>) -> Result<BTreeMap<String, Scalar>> {
+    let keys: Vec<String> = metadata
+        .keys()
+        .filter(|k| k.starts_with(SCALAR_METADATA_PREFIX))
+        .cloned()
+        .collect();
+    let mut scalars = BTreeMap::new();
+    for key in keys {
+        let value = metadata.remove(&key).unwrap_or_default();
+        let parsed = match value.split_once(':') {
+            Some(("Int", v)) => v.parse().ok().map(Scalar::Int),
+            Some(("UInt", v)) => v.parse().ok().map(Scalar::UInt),
+            Some(("Float", v)) => v.parse().ok().map(Scalar::Float),
+            Some(("Bool", v)) => v.parse().ok().map(Scalar::Bool),
+            _ => None,
+        };
+        let scalar = parsed.ok_or_else(|| {
+            Error::corrupt(format!("metadata `{key}` is not a scalar: `{value}`"))
+        })?;
+        scalars.insert(key[SCALAR_METADATA_PREFIX.len()..].to_string(), scalar);
+    }
+    Ok(scalars)
 }
 
 /// Checks every descriptor and returns the tensors sorted by name.

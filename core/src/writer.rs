@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::format::cbor::{self, DescriptorRef};
-use crate::format::{self, Limits, TENSOR_ALIGNMENT, align_up, trailer};
+use crate::format::{
+    self, Format, Limits, SCALAR_METADATA_PREFIX, TENSOR_ALIGNMENT, align_up, safetensors, trailer,
+};
 use crate::storage::{CreateOptions, Durability, Sink, Storage, WriteMode};
 use crate::{AccessPolicy, Bytes, Error, ErrorKind, Result, Scalar, Tensor};
 
@@ -17,7 +19,8 @@ const GATHER_BELOW: usize = 64 * 1024;
 
 /// The layout decided before any byte moves.
 struct Plan {
-    metadata: Vec<u8>,
+    /// Every byte before the data section: header, metadata, padding.
+    head: Vec<u8>,
     data_start: u64,
     /// Each tensor's start relative to the data section, in writer order.
     starts: Vec<u64>,
@@ -68,6 +71,7 @@ pub struct Writer {
     trailer: bool,
     mode: WriteMode,
     durability: Durability,
+    format: Format,
 }
 
 impl Writer {
@@ -81,7 +85,17 @@ impl Writer {
             trailer: true,
             mode: WriteMode::Overwrite,
             durability: Durability::Default,
+            format: Format::Burnpack,
         }
+    }
+
+    /// Burnpack (the default) or safetensors. safetensors has no parameter ids (they are
+    /// dropped), no alignment option and no trailer; scalars travel in its `__metadata__`
+    /// (see [`SCALAR_METADATA_PREFIX`]); a dtype it cannot store fails naming the tensor.
+    #[must_use]
+    pub fn with_format(mut self, format: Format) -> Self {
+        self.format = format;
+        self
     }
 
     /// Adds a metadata string.
@@ -106,8 +120,8 @@ impl Writer {
         self
     }
 
-    /// Whether to append the integrity trailer (on by default). Without it the bytes equal
-    /// burn-pack's for the same input.
+    /// Whether to append the integrity trailer to a Burnpack container (on by default).
+    /// Without it the bytes equal burn-pack's for the same input.
     #[must_use]
     pub fn with_trailer(mut self, trailer: bool) -> Self {
         self.trailer = trailer;
@@ -183,7 +197,7 @@ impl Writer {
         let summary = WriteSummary {
             len: plan.total_len(),
             tensors: self.tensors.len(),
-            trailer: self.trailer,
+            trailer: plan.trailer_len > 0,
         };
         let options = CreateOptions {
             mode: self.mode,
@@ -235,6 +249,13 @@ impl Writer {
             if by_name.insert(tensor.name(), index).is_some() {
                 return Err(Error::invalid("duplicate tensor name").with_tensor(tensor.name()));
             }
+            if self.format == Format::Burnpack && !tensor.dtype().in_burnpack() {
+                let message = format!("{} has no Burnpack counterpart", tensor.dtype());
+                return Err(Error::unsupported(message).with_tensor(tensor.name()));
+            }
+        }
+        if self.format == Format::Safetensors {
+            return self.plan_safetensors(&limits);
         }
 
         // Offsets are stored in the metadata, whose length decides where the data section
@@ -280,12 +301,68 @@ impl Writer {
         } else {
             0
         };
+        let metadata_len = u32::try_from(metadata.len())
+            .map_err(|_| Error::new(ErrorKind::LimitExceeded, "metadata longer than 4 GiB"))?;
+        let mut head = Vec::with_capacity(usize::try_from(data_start).unwrap_or(0));
+        head.extend_from_slice(&format::encode_header(metadata_len));
+        head.extend_from_slice(&metadata);
+        head.resize(usize::try_from(data_start).unwrap_or(0), 0);
         Ok(Plan {
-            metadata,
+            head,
             data_start,
             starts,
             data_len,
             trailer_len,
+        })
+    }
+
+    /// The safetensors layout: tensors back to back in writer order after the JSON header.
+    fn plan_safetensors(&self, limits: &Limits) -> Result<Plan> {
+        if self.alignment != TENSOR_ALIGNMENT {
+            return Err(Error::unsupported("safetensors has no alignment option"));
+        }
+        let mut starts = Vec::with_capacity(self.tensors.len());
+        let mut end = 0u64;
+        for tensor in &self.tensors {
+            starts.push(end);
+            end += tensor.byte_len();
+        }
+        let descriptors: Vec<DescriptorRef<'_>> = self
+            .tensors
+            .iter()
+            .zip(&starts)
+            .map(|(tensor, &start)| DescriptorRef {
+                name: tensor.name(),
+                dtype: tensor.dtype(),
+                shape: tensor.shape(),
+                offsets: (start, start + tensor.byte_len()),
+                param_id: None,
+            })
+            .collect();
+        let mut metadata = self.metadata.clone();
+        for (name, scalar) in &self.scalars {
+            let value = match *scalar {
+                Scalar::Int(v) => format!("Int:{v}"),
+                Scalar::UInt(v) => format!("UInt:{v}"),
+                Scalar::Float(v) => format!("Float:{v:?}"),
+                Scalar::Bool(v) => format!("Bool:{v}"),
+            };
+            metadata.insert(format!("{SCALAR_METADATA_PREFIX}{name}"), value);
+        }
+        let head = safetensors::encode(&descriptors, &metadata)?;
+        if head.len() as u64 > limits.max_metadata_len {
+            let message = format!(
+                "safetensors header of {} bytes is over the limit",
+                head.len()
+            );
+            return Err(Error::new(ErrorKind::LimitExceeded, message));
+        }
+        Ok(Plan {
+            data_start: head.len() as u64,
+            head,
+            starts,
+            data_len: end,
+            trailer_len: 0,
         })
     }
 
@@ -305,12 +382,7 @@ impl Writer {
 
     fn stream(self, plan: &Plan, sink: &mut dyn Sink) -> Result<()> {
         let mut out = Emitter::new(sink, plan.total_len());
-        let metadata_len = u32::try_from(plan.metadata.len())
-            .map_err(|_| Error::new(ErrorKind::LimitExceeded, "metadata longer than 4 GiB"))?;
-        out.write(&format::encode_header(metadata_len))?;
-        out.write(&plan.metadata)?;
-        let header_end = format::HEADER_LEN + plan.metadata.len() as u64;
-        out.write(&[0; TENSOR_ALIGNMENT as usize][..(plan.data_start - header_end) as usize])?;
+        out.write(&plan.head)?;
         let prefix_crc = out.take_crc();
 
         let mut crcs = Vec::with_capacity(if self.trailer { self.tensors.len() } else { 0 });
@@ -321,7 +393,7 @@ impl Writer {
             position = start + tensor.byte_len();
             crcs.push(out.take_crc());
         }
-        if self.trailer {
+        if plan.trailer_len > 0 {
             out.write(&trailer::encode(prefix_crc, &crcs)?)?;
         }
         out.flush()

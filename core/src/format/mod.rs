@@ -2,7 +2,42 @@
 //! optional integrity trailer. docs/FORMAT.md specifies it byte by byte.
 
 pub(crate) mod cbor;
+pub(crate) mod safetensors;
 pub(crate) mod trailer;
+
+/// The container formats weightbay reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Format {
+    /// Burnpack v1 (burn's `burn-pack`), with weightbay's optional integrity trailer.
+    #[default]
+    Burnpack,
+    /// safetensors: a JSON header, then the tensors back to back.
+    Safetensors,
+}
+
+impl Format {
+    /// The format a file name's extension names: `.bpk` or `.safetensors`.
+    pub fn from_file_name(name: &str) -> Option<Self> {
+        match name.rsplit_once('.')?.1 {
+            "bpk" | "burnpack" => Some(Self::Burnpack),
+            "safetensors" => Some(Self::Safetensors),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Burnpack => "burnpack",
+            Self::Safetensors => "safetensors",
+        })
+    }
+}
+
+/// Scalars have no place in safetensors; they travel in its `__metadata__` under this prefix,
+/// spelled `<Kind>:<value>` (`Int:-1`, `Float:0.001`), and come back as scalars when read.
+pub const SCALAR_METADATA_PREFIX: &str = "weightbay.scalar.";
 
 /// Magic number at offset 0, little endian (`4e 52 55 42`, "NRUB" on disk).
 pub const MAGIC: u32 = 0x4255_524E;

@@ -1,0 +1,191 @@
+//! The safetensors codec: an 8-byte little-endian header length, a JSON header, then the
+//! tensors back to back. docs/FORMAT.md describes the validation.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+use super::Limits;
+use super::cbor::{Descriptor, DescriptorRef};
+use crate::{DType, Error, ErrorKind, Result};
+
+/// Length of the header-length field.
+pub const LEN_FIELD: u64 = 8;
+/// The key of the free-form string map in the JSON header.
+const METADATA_KEY: &str = "__metadata__";
+
+/// Whether `prefix` starts like a safetensors file: a header length, then `{`.
+pub(crate) fn looks_like(prefix: &[u8]) -> bool {
+    prefix.len() > 8 && prefix[8] == b'{'
+}
+
+/// The JSON header's entries in file order, with duplicate keys detected.
+struct Entries(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct EntriesVisitor;
+        impl<'de> Visitor<'de> for EntriesVisitor {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                let mut seen = BTreeSet::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if !seen.insert(key.clone()) {
+                        return Err(de::Error::custom(format!("duplicate key `{key}`")));
+                    }
+                    entries.push((key, map.next_value()?));
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(EntriesVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    dtype: String,
+    shape: Vec<u64>,
+    data_offsets: [u64; 2],
+}
+
+/// Parses the JSON header (without its length field).
+pub(crate) fn decode(
+    header: &[u8],
+    limits: &Limits,
+) -> Result<(Vec<Descriptor>, BTreeMap<String, String>)> {
+    if header.first() != Some(&b'{') {
+        return Err(Error::corrupt("safetensors header does not start with `{`"));
+    }
+    let json = std::str::from_utf8(header)
+        .map_err(|_| Error::corrupt("safetensors header is not UTF-8"))?;
+    // The writer pads the header with spaces to a multiple of 8.
+    let Entries(entries) = serde_json::from_str(json.trim_end_matches(' '))
+        .map_err(|e| Error::corrupt(format!("safetensors header: {e}")))?;
+    let mut metadata = BTreeMap::new();
+    let mut tensors = Vec::new();
+    for (name, raw) in entries {
+        if name == METADATA_KEY {
+            metadata = serde_json::from_str(raw.get())
+                .map_err(|e| Error::corrupt(format!("safetensors `{METADATA_KEY}`: {e}")))?;
+            continue;
+        }
+        if tensors.len() == limits.max_tensor_count {
+            return Err(Error::new(
+                ErrorKind::LimitExceeded,
+                format!("more than {} tensors", limits.max_tensor_count),
+            ));
+        }
+        let entry: Entry = serde_json::from_str(raw.get())
+            .map_err(|e| Error::corrupt(format!("safetensors entry: {e}")).with_tensor(&name))?;
+        if entry.shape.len() > limits.max_tensor_rank {
+            return Err(Error::new(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "{} dimensions, more than the limit of {}",
+                    entry.shape.len(),
+                    limits.max_tensor_rank
+                ),
+            )
+            .with_tensor(&name));
+        }
+        let dtype = DType::from_safetensors_name(&entry.dtype).ok_or_else(|| {
+            Error::corrupt(format!("unknown safetensors dtype `{}`", entry.dtype))
+                .with_tensor(&name)
+        })?;
+        let [start, end] = entry.data_offsets;
+        tensors.push(Descriptor {
+            name,
+            dtype,
+            shape: entry.shape,
+            offsets: (start, end),
+            param_id: None,
+        });
+    }
+    Ok((tensors, metadata))
+}
+
+/// Checks the spec's layout rules: sorted by offset, the tensors tile the data section
+/// exactly, from 0 to its end, with no gap or overlap. `tensors` are sorted by name.
+pub(crate) fn check_layout(
+    tensors: &[crate::reader::TensorInfo],
+    data_start: u64,
+    len: u64,
+) -> Result<()> {
+    let mut by_start: Vec<_> = tensors.iter().collect();
+    by_start.sort_by_key(|t| (t.range().start, t.range().end));
+    let mut cursor = data_start;
+    for info in by_start {
+        if info.range().start != cursor {
+            return Err(Error::corrupt(format!(
+                "safetensors data is not contiguous: tensor starts at byte {} where {cursor} was expected",
+                info.range().start
+            ))
+            .with_tensor(info.name()));
+        }
+        cursor = info.range().end;
+    }
+    if cursor != len {
+        return Err(Error::corrupt(format!(
+            "safetensors data ends at byte {cursor}, the file at {len}"
+        )));
+    }
+    Ok(())
+}
+
+/// Encodes the header: the length field, then the JSON padded with spaces to a multiple of 8
+/// so the data section starts aligned.
+pub(crate) fn encode(
+    tensors: &[DescriptorRef<'_>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let string = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut json = String::from("{");
+    let mut first = true;
+    let mut separate = |json: &mut String| {
+        if !std::mem::take(&mut first) {
+            json.push(',');
+        }
+    };
+    if !metadata.is_empty() {
+        separate(&mut json);
+        json += &format!(
+            "{}:{}",
+            string(METADATA_KEY),
+            serde_json::to_string(metadata).unwrap_or_default()
+        );
+    }
+    for tensor in tensors {
+        let dtype = tensor.dtype.safetensors_name().ok_or_else(|| {
+            Error::unsupported(format!("{} has no safetensors counterpart", tensor.dtype))
+                .with_tensor(tensor.name)
+        })?;
+        separate(&mut json);
+        let shape: Vec<String> = tensor.shape.iter().map(u64::to_string).collect();
+        json += &format!(
+            "{}:{{\"dtype\":\"{dtype}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+            string(tensor.name),
+            shape.join(","),
+            tensor.offsets.0,
+            tensor.offsets.1
+        );
+    }
+    json.push('}');
+    while json.len() % 8 != 0 {
+        json.push(' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len());
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(json.as_bytes());
+    Ok(out)
+}
