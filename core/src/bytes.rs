@@ -475,7 +475,7 @@ mod tests {
                 .unwrap()
                 .read(AccessPolicy::ZeroCopy)
                 .unwrap(),
-            &[]
+            &[] as &[u8]
         );
         assert_eq!(
             Bytes::zeroed(8, 3).unwrap_err().kind(),

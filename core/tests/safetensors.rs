@@ -106,7 +106,7 @@ proptest! {
         }
         let (_, metadata) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
         let theirs: BTreeMap<String, String> = metadata.metadata().clone().unwrap_or_default().into_iter().collect();
-        prop_assert_eq!(theirs, case.metadata.clone());
+        prop_assert_eq!(&theirs, &case.metadata);
     }
 
     /// We read everything the safetensors crate writes, and verify it.
