@@ -7,9 +7,12 @@ use std::sync::{Arc, Barrier};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use weightbay::fs::FileSystem;
+use weightbay::sharded::ShardedWriter;
+use weightbay::weights::ShardedWeights;
 use weightbay::{
     Bytes, CreateOptions, DType, Durability, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer,
 };
+use weightbay::{WeightComponentSpec, WeightSource};
 
 use crate::alloc::CountingAllocator;
 use crate::model::{KEYS, Model, Op};
@@ -583,6 +586,79 @@ pub fn failed_writes_leave_key_unchanged<H: Harness>(harness: &H) {
             );
             assert_nothing_pending(case, &context, &storage);
         }
+    }
+}
+
+/// A sharded checkpoint exists whole or not at all: a fault at each storage operation of a
+/// sharded write leaves no index, so no visible checkpoint; a completed write reads back
+/// whole through its index; a second writer cannot claim the same index.
+pub fn sharded_checkpoint_is_all_or_nothing<H: Harness>(harness: &H) {
+    let case = "sharded_checkpoint_is_all_or_nothing";
+    let tensors = || -> Vec<Tensor> {
+        (0..4u8)
+            .map(|i| Tensor::new(format!("w{i}"), DType::U8, [3000], vec![i; 3000]))
+            .collect()
+    };
+    let write = |storage: &dyn Storage| {
+        ShardedWriter::new(tensors())
+            .with_shard_len(6000)
+            .write_to(storage, "ckpt")
+    };
+    let index = "ckpt/model.safetensors.index.json";
+    if !harness.fresh().capabilities().atomic_create_new {
+        match write(&harness.fresh()) {
+            Err(e) if e.kind() == ErrorKind::Unsupported => return,
+            other => fail!(
+                case,
+                "without create-new the index cannot be published safely; expected Unsupported, got {:?}",
+                other.map_err(|e| e.kind())
+            ),
+        }
+    }
+    let counting = Faulty::counting(harness.fresh());
+    write(&counting).unwrap_or_else(|e| fail!(case, "sharded write: {e}"));
+    let total = counting.operations();
+    for n in 1..=total {
+        let storage = harness.fresh();
+        match write(&Faulty::failing_at(harness.reopen(&storage), n)) {
+            Err(e) if e.to_string().contains("injected fault") => {}
+            other => fail!(
+                case,
+                "fault at operation {n} of {total}: expected the injected fault, got {:?}",
+                other.map_err(|e| e.to_string())
+            ),
+        }
+        match stored(&harness.reopen(&storage), index) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            other => fail!(
+                case,
+                "fault at operation {n} of {total}: the index is visible: {:?}",
+                other.map(|b| b.len())
+            ),
+        }
+    }
+    let storage = harness.fresh();
+    let summary = write(&storage).unwrap_or_else(|e| fail!(case, "sharded write: {e}"));
+    let weights = ShardedWeights::open(Arc::new(harness.reopen(&storage)), &summary.index)
+        .unwrap_or_else(|e| fail!(case, "opening the index: {e}"));
+    for i in 0..4u8 {
+        let spec = WeightComponentSpec::dense(format!("w{i}"), [3000], DType::U8);
+        let bytes = weights
+            .component(&spec)
+            .ok()
+            .flatten()
+            .and_then(|p| p.bytes.to_vec().ok());
+        if bytes != Some(vec![i; 3000]) {
+            fail!(case, "tensor w{i} does not read back through the index");
+        }
+    }
+    match write(&storage) {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        other => fail!(
+            case,
+            "a second writer claimed the same checkpoint: {:?}",
+            other.map_err(|e| e.to_string())
+        ),
     }
 }
 

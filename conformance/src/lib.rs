@@ -131,6 +131,7 @@ macro_rules! suite {
             power_loss_at_every_operation,
             readers_keep_their_version,
             corrupt_containers_fail_cleanly,
+            sharded_checkpoint_is_all_or_nothing,
         );
         #[test]
         fn process_crash_at_every_step() {

@@ -109,6 +109,89 @@ pub trait AllocationController: Send + Sync + fmt::Debug {
     fn memory_mut(&mut self) -> Option<&mut [u8]> {
         None
     }
+
+    /// An owning handle to `[start, end)` whose address stays fixed for as long as the handle
+    /// lives, even after this controller is dropped (an mmap, a shared buffer); `None` when the
+    /// memory cannot outlive its controller or is not resident.
+    fn retain(&self, start: usize, end: usize) -> Option<bytes::Bytes> {
+        let _ = (start, end);
+        None
+    }
+}
+
+/// Host memory whose address and contents stay fixed for as long as the value lives.
+///
+/// # Safety
+/// Implementors guarantee that [`stable_bytes`](Self::stable_bytes) returns the same pointer
+/// and length on every call, valid until the value is dropped, so a runtime may hand the
+/// address to a device (a DMA source) for that long.
+pub unsafe trait StableHostMemory: Send + Sync {
+    /// The memory.
+    fn stable_bytes(&self) -> &[u8];
+}
+
+/// A region of host memory kept alive and in place, independent of the source, reader and
+/// payload that produced it (an mmap stays mapped while a region of it lives).
+#[derive(Clone)]
+pub struct RetainedHostMemoryRegion {
+    owner: bytes::Bytes,
+}
+
+impl RetainedHostMemoryRegion {
+    /// The retained bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.owner
+    }
+
+    /// Their address.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.owner.as_ptr()
+    }
+
+    /// Their length.
+    pub fn len(&self) -> usize {
+        self.owner.len()
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.owner.is_empty()
+    }
+
+    /// A bounds-checked sub-region, sharing the same memory.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] when `start > end` or `end > len`.
+    pub fn region(&self, start: usize, end: usize) -> Result<Self> {
+        if start > end || end > self.owner.len() {
+            return Err(out_of_range(
+                start,
+                end.saturating_sub(start),
+                self.owner.len(),
+            ));
+        }
+        Ok(Self {
+            owner: self.owner.slice(start..end),
+        })
+    }
+}
+
+impl fmt::Debug for RetainedHostMemoryRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "RetainedHostMemoryRegion({:p}, {} bytes)",
+            self.owner.as_ptr(),
+            self.owner.len()
+        )
+    }
+}
+
+// SAFETY: a `bytes::Bytes` never moves or changes its memory while a handle to it lives.
+unsafe impl StableHostMemory for RetainedHostMemoryRegion {
+    fn stable_bytes(&self) -> &[u8] {
+        &self.owner
+    }
 }
 
 fn out_of_range(offset: usize, len: usize, available: usize) -> Error {
@@ -257,6 +340,10 @@ impl AllocationController for SharedBytes {
             bytes: self.bytes.slice(start..end),
             property: self.property,
         }))
+    }
+
+    fn retain(&self, start: usize, end: usize) -> Option<bytes::Bytes> {
+        Some(self.bytes.slice(start..end))
     }
 }
 
@@ -409,6 +496,14 @@ impl Bytes {
     /// [`ErrorKind::OutOfRange`] when `at > len`.
     pub fn split(&self, at: usize) -> Result<(Self, Self)> {
         Ok((self.view(0, at)?, self.view(at, self.len)?))
+    }
+
+    /// These bytes as a [`RetainedHostMemoryRegion`] that outlives every other handle, when
+    /// the controller allows (mmap and shared memory do): the region's pointer equals the one
+    /// [`read`](Self::read) returns.
+    pub fn retain(&self) -> Option<RetainedHostMemoryRegion> {
+        let owner = self.controller.retain(self.start, self.start + self.len)?;
+        Some(RetainedHostMemoryRegion { owner })
     }
 
     /// Mutable access, copying first (into 64-byte aligned heap memory) when the bytes are

@@ -7,17 +7,24 @@ pub mod format;
 pub mod fs;
 pub mod memory;
 pub mod reader;
+pub mod sharded;
 pub mod storage;
 pub mod tensor;
+pub mod weights;
 pub mod writer;
 
-pub use bytes::{AccessPolicy, AllocationController, AllocationProperty, Bytes};
+pub use bytes::{
+    AccessPolicy, AllocationController, AllocationProperty, Bytes, RetainedHostMemoryRegion,
+    StableHostMemory,
+};
 pub use dtype::{BoolStore, DType, QuantScheme, Scalar};
 pub use error::{Error, ErrorKind, Result};
+pub use format::Format;
 pub use memory::{MemorySource, MemoryStorage};
 pub use reader::{ReadOptions, Reader, TensorInfo, Validation, VerifyReport};
 pub use storage::{
     Capabilities, CreateOptions, Durability, LazyRegion, Sink, Source, Storage, WriteMode,
 };
 pub use tensor::{Provider, Tensor};
+pub use weights::{WeightComponentPayload, WeightComponentSpec, WeightSource};
 pub use writer::{WriteSummary, Writer};

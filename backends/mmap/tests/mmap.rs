@@ -39,3 +39,35 @@ fn in_place_writes_are_refused() {
         .unwrap_err();
     assert_eq!(err.kind(), weightbay::ErrorKind::Unsupported);
 }
+
+/// A component read through the mmap WeightSource carries a retained region: the same memory
+/// as the validated bytes, still mapped after the source, reader and payload are dropped.
+#[test]
+fn retained_regions_outlive_source_reader_and_payload() {
+    use weightbay::{StableHostMemory, WeightComponentSpec, WeightSource};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = MmapStorage::new(dir.path());
+    let data: Vec<u8> = (0..64).collect();
+    Writer::new(vec![Tensor::new("w", DType::U8, [8, 8], data.clone())])
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let reader = Reader::open(storage.open("m.bpk").unwrap()).unwrap();
+    let payload = reader
+        .component(&WeightComponentSpec::dense("w", [8, 8], DType::U8))
+        .unwrap()
+        .unwrap();
+    let region = payload.retained().expect("mapped bytes can be retained");
+    assert_eq!(
+        region.as_ptr(),
+        payload.bytes.read(AccessPolicy::ZeroCopy).unwrap().as_ptr()
+    );
+    drop(payload);
+    drop(reader);
+    drop(storage);
+    std::fs::remove_file(dir.path().join("m.bpk")).unwrap();
+    assert_eq!(
+        region.stable_bytes(),
+        &data[..],
+        "the map outlives everything that made it"
+    );
+}

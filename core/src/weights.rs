@@ -1,0 +1,394 @@
+//! How a runtime asks for weights: by component, validated, zero-copy where the backing
+//! allows. A [`WeightSource`] answers with the bytes of the checkpoint tensors that make up a
+//! component, checked against the component's declared shape and encoding.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::bytes::RetainedHostMemoryRegion;
+use crate::{Bytes, DType, Error, ErrorKind, Reader, Result, Storage};
+
+/// How a component's elements are stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightEncoding {
+    /// One element of `DType` per value.
+    Dense(DType),
+    /// Blocks of `values_per_block` values stored in `bytes_per_block` bytes each, tiling the
+    /// last dimension (a partial last block still takes a whole block).
+    BlockQuantized {
+        values_per_block: u64,
+        bytes_per_block: u64,
+    },
+}
+
+/// What a runtime asks for: one logical weight, made of one or more checkpoint tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightComponentSpec {
+    /// The component's identity in the runtime (`layers.0.mlp.gate_up`).
+    pub id: String,
+    /// What the runtime uses it for (`weight`, `bias`, `scale`).
+    pub role: String,
+    /// The checkpoint tensors that make it up, in order (one, or several packed together).
+    pub tensors: Vec<String>,
+    /// The component's dimensions.
+    pub dimensions: Vec<u64>,
+    /// How its elements are stored.
+    pub encoding: WeightEncoding,
+    /// Whether a missing tensor is an error (`true`) or makes the component absent.
+    pub required: bool,
+}
+
+impl WeightComponentSpec {
+    /// A required dense component stored as one tensor of the same name.
+    pub fn dense(id: impl Into<String>, dimensions: impl Into<Vec<u64>>, dtype: DType) -> Self {
+        let id = id.into();
+        Self {
+            tensors: vec![id.clone()],
+            id,
+            role: "weight".into(),
+            dimensions: dimensions.into(),
+            encoding: WeightEncoding::Dense(dtype),
+            required: true,
+        }
+    }
+
+    /// The same component, packed from `tensors` in order.
+    #[must_use]
+    pub fn packed_from(mut self, tensors: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.tensors = tensors.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The exact byte length the component must have.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for an empty or overflowing shape or a zero block size.
+    pub fn byte_len(&self) -> Result<u64> {
+        let invalid = |message: &str| Error::invalid(message.to_string()).with_tensor(&self.id);
+        let Some((&last, outer)) = self.dimensions.split_last() else {
+            return Err(invalid("component has no dimensions"));
+        };
+        let outer = outer.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d));
+        let len = match self.encoding {
+            WeightEncoding::Dense(ref dtype) => {
+                let size = dtype
+                    .element_size()
+                    .ok_or_else(|| invalid("a dense component needs a fixed-size dtype"))?;
+                outer
+                    .and_then(|o| o.checked_mul(last))
+                    .and_then(|n| n.checked_mul(size))
+            }
+            WeightEncoding::BlockQuantized {
+                values_per_block,
+                bytes_per_block,
+            } => {
+                if values_per_block == 0 || bytes_per_block == 0 {
+                    return Err(invalid("block sizes must not be zero"));
+                }
+                let blocks_per_row = last.div_ceil(values_per_block);
+                outer
+                    .and_then(|o| o.checked_mul(blocks_per_row))
+                    .and_then(|n| n.checked_mul(bytes_per_block))
+            }
+        };
+        len.ok_or_else(|| invalid("component size overflows"))
+    }
+}
+
+/// One checkpoint tensor's part of a component.
+#[derive(Debug, Clone)]
+pub struct WeightSegment {
+    /// The checkpoint tensor.
+    pub tensor: String,
+    /// Its bytes.
+    pub bytes: Bytes,
+}
+
+impl WeightSegment {
+    /// The bytes as retained host memory that outlives the source, when the backing allows
+    /// (an mmap or shared buffer): pointer-identical to [`bytes`](Self::bytes).
+    pub fn retained(&self) -> Option<RetainedHostMemoryRegion> {
+        self.bytes.retain()
+    }
+}
+
+/// A validated component.
+#[derive(Debug, Clone)]
+pub struct WeightComponentPayload {
+    /// The component's id.
+    pub id: String,
+    /// All its bytes, in order: zero-copy for a single tensor, gathered for packed ones.
+    pub bytes: Bytes,
+}
+
+impl WeightComponentPayload {
+    /// The bytes as retained host memory, when zero-copy (see [`WeightSegment::retained`]).
+    pub fn retained(&self) -> Option<RetainedHostMemoryRegion> {
+        self.bytes.retain()
+    }
+}
+
+/// A stored tensor: what a [`WeightSource`] knows about one checkpoint name.
+#[derive(Debug, Clone)]
+pub struct StoredTensor {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+    /// Bytes.
+    pub bytes: Bytes,
+}
+
+/// Where a runtime gets its weights.
+///
+/// # Contract
+/// [`tensor`](Self::tensor) returns a checkpoint tensor by its external name, or `None`. The
+/// provided methods do the validation, so every source checks the same things: the spec's
+/// identity and shape, the tensors' presence and order, the element type, and the exact byte
+/// length (block-grid aware).
+pub trait WeightSource: Send + Sync {
+    /// The checkpoint tensor `name`.
+    ///
+    /// # Errors
+    /// The backing's errors.
+    fn tensor(&self, name: &str) -> Result<Option<StoredTensor>>;
+
+    /// The component's bytes as ordered segments, one per checkpoint tensor, without copying
+    /// them together. `None` when a tensor is missing and the component is not required.
+    /// Segment boundaries are not part of the component's ABI: only their total is checked.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad spec, [`ErrorKind::NotFound`] for a missing
+    /// tensor of a required component, [`ErrorKind::Corrupt`] for a dtype or length that does
+    /// not match; each names the component and the tensor.
+    fn component_segments(&self, spec: &WeightComponentSpec) -> Result<Option<Vec<WeightSegment>>> {
+        let in_component = |e: Error| {
+            Error::new(
+                e.kind(),
+                format!("component `{}`: {}", spec.id, e.message()),
+            )
+        };
+        if spec.id.is_empty() || spec.tensors.is_empty() {
+            return Err(
+                Error::invalid("a component needs an id and at least one tensor")
+                    .with_tensor(&spec.id),
+            );
+        }
+        let expected = spec.byte_len()?;
+        let mut segments = Vec::with_capacity(spec.tensors.len());
+        let mut total = 0u64;
+        for name in &spec.tensors {
+            let Some(stored) = self
+                .tensor(name)
+                .map_err(|e| in_component(e).with_tensor(name))?
+            else {
+                if spec.required {
+                    return Err(Error::new(
+                        ErrorKind::NotFound,
+                        format!("component `{}` needs a missing tensor", spec.id),
+                    )
+                    .with_tensor(name));
+                }
+                return Ok(None);
+            };
+            let dtype_ok = match &spec.encoding {
+                WeightEncoding::Dense(dtype) => stored.dtype == *dtype,
+                // Packed blocks are raw bytes: stored as U8, I8 or a quantized dtype.
+                WeightEncoding::BlockQuantized { .. } => {
+                    matches!(stored.dtype, DType::U8 | DType::I8 | DType::QFloat(_))
+                }
+            };
+            if !dtype_ok {
+                return Err(Error::corrupt(format!(
+                    "component `{}` expects {:?}, the tensor is {}",
+                    spec.id, spec.encoding, stored.dtype
+                ))
+                .with_tensor(name));
+            }
+            if spec.tensors.len() == 1
+                && matches!(spec.encoding, WeightEncoding::Dense(_))
+                && stored.shape != spec.dimensions
+            {
+                return Err(Error::corrupt(format!(
+                    "component `{}` has dimensions {:?}, the tensor {:?}",
+                    spec.id, spec.dimensions, stored.shape
+                ))
+                .with_tensor(name));
+            }
+            total = total.saturating_add(stored.bytes.len() as u64);
+            segments.push(WeightSegment {
+                tensor: name.clone(),
+                bytes: stored.bytes,
+            });
+        }
+        if total != expected {
+            return Err(Error::corrupt(format!(
+                "component `{}` needs {expected} bytes, its tensors hold {total}",
+                spec.id
+            ))
+            .with_tensor(&spec.id));
+        }
+        Ok(Some(segments))
+    }
+
+    /// The component's bytes in one piece: zero-copy for a single tensor, gathered into one
+    /// aligned buffer for a packed one.
+    ///
+    /// # Errors
+    /// As [`component_segments`](Self::component_segments), and the backing's read errors.
+    fn component(&self, spec: &WeightComponentSpec) -> Result<Option<WeightComponentPayload>> {
+        let Some(mut segments) = self.component_segments(spec)? else {
+            return Ok(None);
+        };
+        let bytes = if segments.len() == 1 {
+            segments.remove(0).bytes
+        } else {
+            let total: usize = segments.iter().map(|s| s.bytes.len()).sum();
+            let mut gathered = Bytes::zeroed(total, 64)?;
+            let out = gathered.make_mut()?;
+            let mut at = 0;
+            for segment in &segments {
+                let end = at + segment.bytes.len();
+                segment
+                    .bytes
+                    .read_at(0, &mut out[at..end])
+                    .map_err(|e| e.with_tensor(&segment.tensor))?;
+                at = end;
+            }
+            gathered
+        };
+        Ok(Some(WeightComponentPayload {
+            id: spec.id.clone(),
+            bytes,
+        }))
+    }
+}
+
+impl WeightSource for Reader {
+    fn tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let Ok(info) = Reader::tensor(self, name) else {
+            return Ok(None);
+        };
+        Ok(Some(StoredTensor {
+            dtype: info.dtype().clone(),
+            shape: info.shape().to_vec(),
+            bytes: self.bytes(name)?,
+        }))
+    }
+}
+
+/// Checks a shard file name from an index: relative, non-empty, no `.` or `..` segment, no
+/// backslash, no leading `/`.
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] naming the file.
+pub fn check_shard_name(name: &str) -> Result<()> {
+    let bad = name.is_empty()
+        || name.starts_with('/')
+        || name.contains('\\')
+        || name
+            .split('/')
+            .any(|segment| matches!(segment, "" | "." | ".."));
+    if bad {
+        return Err(Error::corrupt(format!(
+            "index names shard `{name}`, which is not a plain relative path"
+        )));
+    }
+    Ok(())
+}
+
+/// A checkpoint split into shards, found through an index (`model.safetensors.index.json`,
+/// or the Burnpack equivalent written by [`crate::sharded::write_sharded`]) whose
+/// `weight_map` names each tensor's shard, relative to the index. Shards are opened on first
+/// use, from any [`Storage`].
+pub struct ShardedWeights {
+    storage: Arc<dyn Storage>,
+    directory: String,
+    weight_map: HashMap<String, String>,
+    open: Mutex<HashMap<String, Arc<Reader>>>,
+}
+
+impl std::fmt::Debug for ShardedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedWeights")
+            .field("directory", &self.directory)
+            .field("tensors", &self.weight_map.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The largest index file read.
+pub const MAX_INDEX_LEN: u64 = 64 * 1024 * 1024;
+
+impl ShardedWeights {
+    /// Reads the index at `index_key` in `storage`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`]; [`ErrorKind::Corrupt`] for an index that is not valid JSON
+    /// with a `weight_map` of relative shard names.
+    pub fn open(storage: Arc<dyn Storage>, index_key: &str) -> Result<Self> {
+        let source = storage.open(index_key)?;
+        if source.len() > MAX_INDEX_LEN {
+            return Err(
+                Error::new(ErrorKind::LimitExceeded, "index file over 64 MiB").with_key(index_key),
+            );
+        }
+        let mut text = vec![0; usize::try_from(source.len()).unwrap_or(0)];
+        source.read_at(0, &mut text)?;
+        #[derive(serde::Deserialize)]
+        struct Index {
+            weight_map: HashMap<String, String>,
+        }
+        let index: Index = serde_json::from_slice(&text)
+            .map_err(|e| Error::corrupt(format!("index: {e}")).with_key(index_key))?;
+        for file in index.weight_map.values() {
+            check_shard_name(file).map_err(|e| e.with_key(index_key))?;
+        }
+        let directory = index_key
+            .rsplit_once('/')
+            .map(|(dir, _)| format!("{dir}/"))
+            .unwrap_or_default();
+        Ok(Self {
+            storage,
+            directory,
+            weight_map: index.weight_map,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The tensor names the index lists.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.weight_map.keys().map(String::as_str)
+    }
+
+    fn shard(&self, file: &str) -> Result<Arc<Reader>> {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(reader) = open.get(file) {
+            return Ok(Arc::clone(reader));
+        }
+        let key = format!("{}{file}", self.directory);
+        let reader =
+            Arc::new(Reader::open(self.storage.open(&key)?).map_err(|e| e.with_key(&key))?);
+        open.insert(file.to_owned(), Arc::clone(&reader));
+        Ok(reader)
+    }
+}
+
+impl WeightSource for ShardedWeights {
+    fn tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let Some(file) = self.weight_map.get(name) else {
+            return Ok(None);
+        };
+        let shard = self.shard(file)?;
+        match WeightSource::tensor(shard.as_ref(), name)? {
+            Some(stored) => Ok(Some(stored)),
+            None => Err(Error::corrupt(format!(
+                "the index puts it in `{file}`, which does not hold it"
+            ))
+            .with_tensor(name)),
+        }
+    }
+}
