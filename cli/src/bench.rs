@@ -1,0 +1,729 @@
+//! `weightbay bench`: throughput on this machine, as ratios against its raw limits and, with
+//! the `peers` feature, against burn-pack, the safetensors crate and raw object_store on the
+//! same data in the same run. docs/BENCHMARKS.md lists the cases and the figures.
+
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weightbay::format::Format;
+use weightbay::{
+    AccessPolicy, Bytes, DType, Error, Reader, Result, Storage, Tensor, WeightComponentSpec,
+    WeightSource, Writer,
+};
+use weightbay_local::LocalStorage;
+use weightbay_mmap::MmapStorage;
+use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Size of the large checkpoint, in MiB (the issue figures use 2048).
+    #[arg(long, default_value_t = 2048)]
+    size_mib: u64,
+    /// Paired runs per case; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Scratch directory for the files (default: a temporary directory under /tmp).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Only the cases whose name contains this.
+    #[arg(long)]
+    only: Option<String>,
+    /// Also write the rows as CSV here.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Internal: measure the peak RSS of one save in a fresh process.
+    #[arg(long, hide = true)]
+    rss_case: Option<String>,
+}
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |e| Error::io(what.to_string(), e)
+}
+
+/// A checkpoint's tensors as plain buffers: `count` tensors totalling about `total` bytes.
+struct Data {
+    tensors: Vec<(String, Vec<u8>)>,
+}
+
+impl Data {
+    /// 200 tensors of mixed sizes, like the research baseline's "big" case.
+    fn big(total: u64) -> Self {
+        let count = 200u64;
+        let weights: Vec<u64> = (0..count).map(|i| 1 + (i * 7919) % 13).collect();
+        let sum: u64 = weights.iter().sum();
+        let tensors = weights
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let len = (total * w / sum / 4 * 4) as usize;
+                (
+                    format!("layers.{}.t{}", i / 8, i % 8),
+                    vec![(i % 251) as u8; len],
+                )
+            })
+            .collect();
+        Self { tensors }
+    }
+
+    /// 20,000 tensors of 1 to 64 KiB, log-uniform, like the baseline's "small" case.
+    fn small() -> Self {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let tensors = (0..20_000)
+            .map(|i| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let exponent = (state % 1000) as f64 / 1000.0 * 6.0; // 2^0 .. 2^6 KiB
+                let len = ((1024.0 * exponent.exp2()) as usize) / 4 * 4;
+                (format!("p{i:05}"), vec![(i % 251) as u8; len])
+            })
+            .collect();
+        Self { tensors }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.tensors.iter().map(|(_, d)| d.len() as u64).sum()
+    }
+
+    fn ours(&self) -> Vec<Tensor> {
+        self.tensors
+            .iter()
+            .map(|(name, data)| {
+                let shared = bytes::Bytes::from(data.clone());
+                Tensor::new(
+                    name,
+                    DType::F32,
+                    [data.len() as u64 / 4],
+                    Bytes::from_shared(shared, weightbay::AllocationProperty::Native),
+                )
+            })
+            .collect()
+    }
+}
+
+/// One result row.
+struct Row {
+    case: String,
+    ours: Duration,
+    peer: Option<(String, Duration)>,
+    bytes: u64,
+}
+
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn gib_per_s(bytes: u64, time: Duration) -> f64 {
+    bytes as f64 / (1u64 << 30) as f64 / time.as_secs_f64().max(1e-12)
+}
+
+/// Runs `ours` and `peer` alternately `runs` times and keeps the medians.
+fn paired(
+    runs: usize,
+    mut ours: impl FnMut() -> Result<Duration>,
+    mut peer: impl FnMut() -> Result<Duration>,
+) -> Result<(Duration, Duration)> {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        a.push(ours()?);
+        b.push(peer()?);
+    }
+    Ok((median(a), median(b)))
+}
+
+fn timed(f: impl FnOnce() -> Result<()>) -> Result<Duration> {
+    let start = Instant::now();
+    f()?;
+    Ok(start.elapsed())
+}
+
+fn touch(data: &[u8]) -> u64 {
+    // A read of every 64th byte pulls every page and cache line in without a full sum.
+    data.iter().step_by(64).map(|&b| u64::from(b)).sum()
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(io("syncing the directory"))
+}
+
+/// The peak resident set of this process so far, in bytes (Linux).
+fn peak_rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// In a fresh process: save `size_mib` MiB of deferred 16 MiB tensors and print the peak RSS.
+fn rss_case(case: &str, size_mib: u64, dir: &Path) -> Result<()> {
+    const TENSOR: u64 = 16 << 20;
+    let tensors = (0..(size_mib << 20) / TENSOR)
+        .map(|i| {
+            Tensor::deferred(format!("t{i}"), DType::U8, [TENSOR], TENSOR, move || {
+                Ok(Bytes::from(vec![i as u8; TENSOR as usize]))
+            })
+        })
+        .collect();
+    let writer = Writer::new(tensors);
+    match case {
+        "local" => writer
+            .write_to(&LocalStorage::new(dir), "rss.bpk")
+            .map(|_| ())?,
+        "s3" => {
+            let url = std::env::var("WEIGHTBAY_S3_URL")
+                .map_err(|_| Error::invalid("WEIGHTBAY_S3_URL is unset"))?;
+            let storage = weightbay_object_store::open_url(
+                &format!("{url}/bench"),
+                std::iter::empty::<(&str, &str)>(),
+            )?;
+            writer.write_to(&storage, "rss.bpk").map(|_| ())?;
+        }
+        other => return Err(Error::invalid(format!("unknown rss case {other}"))),
+    }
+    println!("{}", peak_rss());
+    Ok(())
+}
+
+fn rss_of(case: &str, size_mib: u64, dir: &Path) -> Result<u64> {
+    let output =
+        std::process::Command::new(std::env::current_exe().map_err(io("finding this program"))?)
+            .args([
+                "bench",
+                "--rss-case",
+                case,
+                "--size-mib",
+                &size_mib.to_string(),
+                "--dir",
+                &dir.display().to_string(),
+            ])
+            .output()
+            .map_err(io("running the RSS probe"))?;
+    if !output.status.success() {
+        return Err(Error::new(
+            weightbay::ErrorKind::Io,
+            format!(
+                "RSS probe failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        ));
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .map_err(|_| Error::invalid("RSS probe printed no number"))
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let temporary = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
+    let dir = args
+        .dir
+        .clone()
+        .unwrap_or_else(|| temporary.path().to_path_buf());
+    std::fs::create_dir_all(&dir).map_err(io("creating the scratch directory"))?;
+    if let Some(case) = &args.rss_case {
+        return rss_case(case, args.size_mib, &dir);
+    }
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
+    let mut rows = Vec::new();
+    let big = Data::big(args.size_mib << 20);
+    let runs = args.runs.max(1);
+    println!(
+        "weightbay bench: {} MiB in {} tensors, {runs} paired runs per case, files in {}",
+        big.bytes() >> 20,
+        big.tensors.len(),
+        dir.display()
+    );
+
+    if wanted("into_bytes") {
+        let (ours, peer) = paired(
+            runs,
+            || {
+                timed(|| {
+                    Writer::new(big.ours())
+                        .into_bytes()
+                        .map(|b| drop(black_box(b)))
+                })
+            },
+            || {
+                timed(|| {
+                    let mut out = vec![0u8; big.bytes() as usize];
+                    let mut at = 0;
+                    for (_, data) in &big.tensors {
+                        out[at..at + data.len()].copy_from_slice(data);
+                        at += data.len();
+                    }
+                    black_box(out);
+                    Ok(())
+                })
+            },
+        )?;
+        rows.push(Row {
+            case: "into_bytes (trailer on)".into(),
+            ours,
+            peer: Some(("memcpy into fresh memory".into(), peer)),
+            bytes: big.bytes(),
+        });
+    }
+    if wanted("plan") {
+        let tensors: Vec<Tensor> = (0..100_000)
+            .map(|i| {
+                Tensor::deferred(
+                    format!("blocks.{i}.weight"),
+                    DType::F32,
+                    [256],
+                    1024,
+                    || Ok(Bytes::from(vec![])),
+                )
+            })
+            .collect();
+        let writer = Writer::new(tensors);
+        let time = median(
+            (0..runs)
+                .map(|_| {
+                    timed(|| {
+                        writer.size().map(|s| {
+                            black_box(s);
+                        })
+                    })
+                })
+                .collect::<Result<_>>()?,
+        );
+        println!("  plan 100,000 tensors: {:.1} ms", time.as_secs_f64() * 1e3);
+        rows.push(Row {
+            case: "plan 100k tensors".into(),
+            ours: time,
+            peer: None,
+            bytes: 0,
+        });
+    }
+    if wanted("open") {
+        let tensors: Vec<Tensor> = (0..20_000)
+            .map(|i| Tensor::new(format!("blocks.{i}.weight"), DType::U8, [4], vec![1u8; 4]))
+            .collect();
+        let bytes = bytes::Bytes::from(Writer::new(tensors).into_bytes()?);
+        let time = median(
+            (0..runs)
+                .map(|_| timed(|| Reader::from_bytes(bytes.clone()).map(|r| drop(black_box(r)))))
+                .collect::<Result<_>>()?,
+        );
+        println!(
+            "  open a 20,000-tensor container (index only): {:.3} µs per tensor",
+            time.as_secs_f64() * 1e6 / 20_000.0
+        );
+        rows.push(Row {
+            case: "open 20k-tensor index".into(),
+            ours: time,
+            peer: None,
+            bytes: 0,
+        });
+    }
+    let local = LocalStorage::new(&dir);
+    if wanted("durable save") {
+        let count = (big.bytes() >> 23).max(1);
+        let (ours, peer) = paired(
+            runs,
+            || {
+                timed(|| {
+                    Writer::new(big.ours())
+                        .write_to(&local, "big.bpk")
+                        .map(drop)
+                })
+            },
+            || {
+                timed(|| {
+                    let status = std::process::Command::new("dd")
+                        .args([
+                            "if=/dev/zero",
+                            &format!("of={}", dir.join("dd.bin").display()),
+                            "bs=8M",
+                            &format!("count={count}"),
+                            "conv=fsync",
+                            "status=none",
+                        ])
+                        .status()
+                        .map_err(io("running dd"))?;
+                    if status.success() {
+                        Ok(())
+                    } else {
+                        Err(Error::invalid("dd failed"))
+                    }
+                })
+            },
+        )?;
+        rows.push(Row {
+            case: "durable save".into(),
+            ours,
+            peer: Some(("dd bs=8M conv=fsync".into(), peer)),
+            bytes: big.bytes(),
+        });
+        #[cfg(feature = "peers")]
+        {
+            let (ours, peer) = paired(
+                runs,
+                || {
+                    timed(|| {
+                        Writer::new(big.ours())
+                            .write_to(&local, "big.bpk")
+                            .map(drop)
+                    })
+                },
+                || timed(|| peers::burn_pack_save(&big, &dir.join("burn.bpk"))),
+            )?;
+            rows.push(Row {
+                case: "durable save".into(),
+                ours,
+                peer: Some(("burn-pack write_to_file".into(), peer)),
+                bytes: big.bytes(),
+            });
+        }
+        let rss = rss_of("local", args.size_mib, &dir)?;
+        println!(
+            "  peak RSS saving {} MiB of deferred 16 MiB tensors durably: {} MiB (bound: largest tensor + 16 MiB = 32 MiB above the process's base)",
+            args.size_mib,
+            rss >> 20
+        );
+    }
+    #[cfg(feature = "peers")]
+    if wanted("small tensors") {
+        let small = Data::small();
+        let (ours, burn) = paired(
+            runs,
+            || {
+                timed(|| {
+                    Writer::new(small.ours())
+                        .write_to(&local, "small.bpk")
+                        .map(drop)
+                })
+            },
+            || timed(|| peers::burn_pack_save(&small, &dir.join("small-burn.bpk"))),
+        )?;
+        rows.push(Row {
+            case: "20k small tensors, durable".into(),
+            ours,
+            peer: Some(("burn-pack write_to_file".into(), burn)),
+            bytes: small.bytes(),
+        });
+        let (ours, st) = paired(
+            runs,
+            || {
+                timed(|| {
+                    Writer::new(small.ours())
+                        .write_to(&local, "small.bpk")
+                        .map(drop)
+                })
+            },
+            || timed(|| peers::safetensors_save(&small, &dir.join("small.safetensors"))),
+        )?;
+        rows.push(Row {
+            case: "20k small tensors, durable".into(),
+            ours,
+            peer: Some(("safetensors serialize_to_file + fsync".into(), st)),
+            bytes: small.bytes(),
+        });
+    }
+    Writer::new(big.ours()).write_to(&local, "big.bpk")?;
+    Writer::new(big.ours())
+        .with_format(Format::Safetensors)
+        .write_to(&local, "big.safetensors")?;
+    #[cfg(feature = "peers")]
+    if wanted("mmap load") {
+        let mmap = MmapStorage::new(&dir);
+        let (ours, peer) = paired(
+            runs,
+            || {
+                timed(|| {
+                    let reader = Reader::open(mmap.open("big.bpk")?)?;
+                    let mut sum = 0;
+                    for info in reader.tensors() {
+                        sum += touch(reader.bytes(info.name())?.read(AccessPolicy::ZeroCopy)?);
+                    }
+                    black_box(sum);
+                    Ok(())
+                })
+            },
+            || timed(|| peers::safetensors_mmap_touch(&dir.join("big.safetensors"))),
+        )?;
+        rows.push(Row {
+            case: "mmap open + touch every byte".into(),
+            ours,
+            peer: Some(("safetensors crate over memmap2".into(), peer)),
+            bytes: big.bytes(),
+        });
+        let (ours, peer) = paired(
+            runs,
+            || {
+                timed(|| {
+                    let reader = Reader::open(mmap.open("big.safetensors")?)?;
+                    let mut sum = 0;
+                    for info in reader.tensors() {
+                        let spec = WeightComponentSpec::dense(
+                            info.name(),
+                            info.shape().to_vec(),
+                            info.dtype().clone(),
+                        );
+                        let payload = reader
+                            .component(&spec)?
+                            .ok_or_else(|| Error::invalid("missing"))?;
+                        sum += touch(payload.bytes.read(AccessPolicy::ZeroCopy)?);
+                    }
+                    black_box(sum);
+                    Ok(())
+                })
+            },
+            || timed(|| peers::safetensors_mmap_touch(&dir.join("big.safetensors"))),
+        )?;
+        rows.push(Row {
+            case: "WeightSource components over mmap (safetensors)".into(),
+            ours,
+            peer: Some(("safetensors crate over memmap2".into(), peer)),
+            bytes: big.bytes(),
+        });
+    }
+    if wanted("pread") {
+        let (ours, peer) = paired(
+            runs,
+            || {
+                timed(|| {
+                    let reader = Reader::open(local.open("big.bpk")?)?;
+                    for info in reader.tensors() {
+                        black_box(reader.read(info.name())?);
+                    }
+                    Ok(())
+                })
+            },
+            || {
+                timed(|| {
+                    let reader = Reader::open(local.open("big.bpk")?)?;
+                    let mut file =
+                        std::fs::File::open(dir.join("big.bpk")).map_err(io("opening"))?;
+                    let mut position = 0u64;
+                    for info in reader.tensors() {
+                        let range = info.range();
+                        let mut skip = vec![0u8; (range.start.saturating_sub(position)) as usize];
+                        file.read_exact(&mut skip).map_err(io("reading"))?;
+                        let mut buf = vec![0u8; info.byte_len() as usize];
+                        file.read_exact(&mut buf).map_err(io("reading"))?;
+                        black_box(buf);
+                        position = range.end;
+                    }
+                    Ok(())
+                })
+            },
+        )?;
+        rows.push(Row {
+            case: "pread every tensor into fresh buffers".into(),
+            ours,
+            peer: Some(("sequential read into fresh buffers".into(), peer)),
+            bytes: big.bytes(),
+        });
+    }
+    if wanted("object store") {
+        let options = ObjectStoreOptions::default();
+        let part = options.part_size_for(Some(big.bytes()));
+        let store: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let storage = ObjectStorage::new(Arc::clone(&store))?.with_options(options);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(io("runtime"))?;
+        let (ours, peer) = paired(
+            runs,
+            || {
+                timed(|| {
+                    Writer::new(big.ours())
+                        .write_to(&storage, "ours.bpk")
+                        .map(drop)
+                })
+            },
+            || {
+                let bytes = Writer::new(big.ours()).into_bytes()?;
+                let store = Arc::clone(&store);
+                timed(|| {
+                    runtime
+                        .block_on(async move {
+                            use object_store::ObjectStoreExt;
+                            let upload = store
+                                .put_multipart(&object_store::path::Path::from("raw.bpk"))
+                                .await?;
+                            let mut write =
+                                object_store::WriteMultipart::new_with_chunk_size(upload, part);
+                            for chunk in bytes.chunks(8 << 20) {
+                                write.wait_for_capacity(options.parts_in_flight).await?;
+                                write.write(chunk);
+                            }
+                            write.finish().await.map(drop)
+                        })
+                        .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
+                })
+            },
+        )?;
+        rows.push(Row {
+            case: "object store save (InMemory)".into(),
+            ours,
+            peer: Some(("raw object_store WriteMultipart".into(), peer)),
+            bytes: big.bytes(),
+        });
+        let (ours, peer) = paired(
+            runs,
+            || {
+                timed(|| {
+                    let source = storage.open_object("ours.bpk")?;
+                    let reader = Reader::open(Arc::new(source.clone()))?;
+                    let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
+                    black_box(source.fetch(&ranges, options.fetch_budget)?);
+                    Ok(())
+                })
+            },
+            || {
+                let reader = Reader::open(storage.open("ours.bpk")?)?;
+                let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
+                let store = Arc::clone(&store);
+                timed(|| {
+                    runtime
+                        .block_on(async move {
+                            store
+                                .get_ranges(&object_store::path::Path::from("ours.bpk"), &ranges)
+                                .await
+                        })
+                        .map(|b| drop(black_box(b)))
+                        .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
+                })
+            },
+        )?;
+        rows.push(Row {
+            case: "object store load every tensor (InMemory)".into(),
+            ours,
+            peer: Some(("raw object_store get_ranges".into(), peer)),
+            bytes: big.bytes(),
+        });
+    }
+
+    println!(
+        "\n{:<48} {:>12} {:<40} {:>12} {:>7}",
+        "case", "weightbay", "peer", "peer", "ratio"
+    );
+    let mut csv = String::from("case,bytes,ours_s,peer,peer_s,ratio\n");
+    for row in &rows {
+        let ours = if row.bytes > 0 {
+            format!("{:.2} GiB/s", gib_per_s(row.bytes, row.ours))
+        } else {
+            format!("{:.1} ms", row.ours.as_secs_f64() * 1e3)
+        };
+        let (peer_name, peer_text, ratio) = match &row.peer {
+            Some((name, time)) => (
+                name.as_str(),
+                format!("{:.2} GiB/s", gib_per_s(row.bytes, *time)),
+                time.as_secs_f64() / row.ours.as_secs_f64().max(1e-12),
+            ),
+            None => ("", String::new(), f64::NAN),
+        };
+        let ratio_text = if ratio.is_nan() {
+            String::new()
+        } else {
+            format!("{ratio:.2}×")
+        };
+        println!(
+            "{:<48} {:>12} {:<40} {:>12} {:>7}",
+            row.case, ours, peer_name, peer_text, ratio_text
+        );
+        csv += &format!(
+            "{},{},{:.6},{},{},{}\n",
+            row.case,
+            row.bytes,
+            row.ours.as_secs_f64(),
+            peer_name,
+            row.peer
+                .as_ref()
+                .map_or(String::new(), |(_, t)| format!("{:.6}", t.as_secs_f64())),
+            if ratio.is_nan() {
+                String::new()
+            } else {
+                format!("{ratio:.4}")
+            }
+        );
+    }
+    println!("(ratio = peer time / weightbay time: above 1 means weightbay is faster)");
+    if let Some(path) = &args.csv {
+        std::fs::File::create(path)
+            .and_then(|mut f| f.write_all(csv.as_bytes()))
+            .map_err(io("writing the CSV"))?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "peers")]
+mod peers {
+    use std::path::Path;
+
+    use super::{Data, io, sync_dir, touch};
+    use weightbay::{Error, Result};
+
+    /// burn-pack's atomic, durable save of the same data (buffers copied in before timing
+    /// would be fairer, but burn's `Bytes` takes ownership; the copy is a memcpy).
+    pub fn burn_pack_save(data: &Data, path: &Path) -> Result<()> {
+        let tensors = data
+            .tensors
+            .iter()
+            .map(|(name, bytes)| {
+                burn_pack::Tensor::new(
+                    name.clone(),
+                    burn_pack::DType::F32,
+                    vec![bytes.len() / 4],
+                    None,
+                    burn_pack::Bytes::from_bytes_vec(bytes.clone()),
+                )
+            })
+            .collect();
+        burn_pack::Writer::new(tensors)
+            .write_to_file(path)
+            .map_err(|e| Error::invalid(e.to_string()))
+    }
+
+    /// safetensors' `serialize_to_file`, then the fsyncs it leaves to its caller.
+    pub fn safetensors_save(data: &Data, path: &Path) -> Result<()> {
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+            .tensors
+            .iter()
+            .map(|(name, bytes)| {
+                let view = safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::F32,
+                    vec![bytes.len() / 4],
+                    bytes,
+                )
+                .map_err(|e| Error::invalid(e.to_string()))?;
+                Ok((name.clone(), view))
+            })
+            .collect::<Result<_>>()?;
+        safetensors::serialize_to_file(views, None, path)
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        std::fs::File::open(path)
+            .and_then(|f| f.sync_all())
+            .map_err(io("syncing"))?;
+        sync_dir(path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// memmap2 + `SafeTensors::deserialize` + touch every tensor.
+    pub fn safetensors_mmap_touch(path: &Path) -> Result<()> {
+        let file = std::fs::File::open(path).map_err(io("opening"))?;
+        // SAFETY: the benchmark's own file, not modified while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io("mapping"))?;
+        let tensors = safetensors::SafeTensors::deserialize(&map)
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        let mut sum = 0;
+        for (_, view) in tensors.tensors() {
+            sum += touch(view.data());
+        }
+        std::hint::black_box(sum);
+        Ok(())
+    }
+}

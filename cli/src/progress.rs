@@ -1,0 +1,91 @@
+//! A storage decorator that counts the bytes a copy writes: it drives the progress bar and
+//! stops the copy when Ctrl-C was pressed.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use weightbay::{Capabilities, CreateOptions, Error, ErrorKind, Result, Sink, Source, Storage};
+
+use crate::INTERRUPTED;
+
+/// Forwards to a storage; its sinks report progress. The bar draws only on a terminal.
+#[derive(Debug)]
+pub struct Counting {
+    inner: Arc<dyn Storage>,
+    bar: ProgressBar,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn Storage>, total: u64) -> Self {
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Self { inner, bar }
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Storage for Counting {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        Ok(Box::new(CountingSink {
+            inner: self.inner.create(key, options)?,
+            bar: self.bar.clone(),
+        }))
+    }
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+        self.inner.open(key)
+    }
+    fn delete(&self, key: &str) -> Result<()> {
+        self.inner.delete(key)
+    }
+    fn pending(&self) -> Result<Vec<String>> {
+        self.inner.pending()
+    }
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        self.inner.clean_pending()
+    }
+}
+
+struct CountingSink {
+    inner: Box<dyn Sink>,
+    bar: ProgressBar,
+}
+
+impl CountingSink {
+    fn check_interrupt(&self) -> Result<()> {
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            return Err(Error::new(ErrorKind::Provider, "interrupted"));
+        }
+        Ok(())
+    }
+}
+
+impl Sink for CountingSink {
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.check_interrupt()?;
+        self.inner.write(data)?;
+        self.bar.inc(data.len() as u64);
+        Ok(())
+    }
+    fn pad(&mut self, len: u64) -> Result<()> {
+        self.check_interrupt()?;
+        self.inner.pad(len)?;
+        self.bar.inc(len);
+        Ok(())
+    }
+    fn commit(self: Box<Self>) -> Result<()> {
+        self.check_interrupt()?;
+        self.inner.commit()
+    }
+}
