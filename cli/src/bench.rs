@@ -34,6 +34,9 @@ pub struct Args {
     /// Also write the rows as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
+    /// The largest coalesced GET when loading from an object store, in MiB.
+    #[arg(long, default_value_t = 64)]
+    fetch_request_mib: u64,
     /// Internal: measure the peak RSS of one save in a fresh process.
     #[arg(long, hide = true)]
     rss_case: Option<String>,
@@ -45,7 +48,8 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> Error + '_ {
 
 /// A checkpoint's tensors as plain buffers: `count` tensors totalling about `total` bytes.
 struct Data {
-    tensors: Vec<(String, Vec<u8>)>,
+    /// Shared buffers, so handing them to a writer (ours or a peer's) copies nothing.
+    tensors: Vec<(String, bytes::Bytes)>,
 }
 
 impl Data {
@@ -61,7 +65,7 @@ impl Data {
                 let len = (total * w / sum / 4 * 4) as usize;
                 (
                     format!("layers.{}.t{}", i / 8, i % 8),
-                    vec![(i % 251) as u8; len],
+                    bytes::Bytes::from(vec![(i % 251) as u8; len]),
                 )
             })
             .collect();
@@ -78,7 +82,10 @@ impl Data {
                 state ^= state << 17;
                 let exponent = (state % 1000) as f64 / 1000.0 * 6.0; // 2^0 .. 2^6 KiB
                 let len = ((1024.0 * exponent.exp2()) as usize) / 4 * 4;
-                (format!("p{i:05}"), vec![(i % 251) as u8; len])
+                (
+                    format!("p{i:05}"),
+                    bytes::Bytes::from(vec![(i % 251) as u8; len]),
+                )
             })
             .collect();
         Self { tensors }
@@ -92,7 +99,7 @@ impl Data {
         self.tensors
             .iter()
             .map(|(name, data)| {
-                let shared = bytes::Bytes::from(data.clone());
+                let shared = data.clone();
                 Tensor::new(
                     name,
                     DType::F32,
@@ -110,6 +117,29 @@ struct Row {
     ours: Duration,
     peer: Option<(String, Duration)>,
     bytes: u64,
+}
+
+/// Records a row and prints it at once, so a long run shows its results as it goes.
+fn push(rows: &mut Vec<Row>, row: Row) {
+    println!("  {}", row_text(&row));
+    rows.push(row);
+}
+
+fn row_text(row: &Row) -> String {
+    let ours = if row.bytes > 0 {
+        format!("{:.2} GiB/s", gib_per_s(row.bytes, row.ours))
+    } else {
+        format!("{:.1} ms", row.ours.as_secs_f64() * 1e3)
+    };
+    match &row.peer {
+        Some((name, time)) => format!(
+            "{}: {ours} vs {name} {:.2} GiB/s = {:.2}x",
+            row.case,
+            gib_per_s(row.bytes, *time),
+            time.as_secs_f64() / row.ours.as_secs_f64().max(1e-12)
+        ),
+        None => format!("{}: {ours}", row.case),
+    }
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -265,12 +295,15 @@ pub fn run(args: &Args) -> Result<()> {
                 })
             },
         )?;
-        rows.push(Row {
-            case: "into_bytes (trailer on)".into(),
-            ours,
-            peer: Some(("memcpy into fresh memory".into(), peer)),
-            bytes: big.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "into_bytes (trailer on)".into(),
+                ours,
+                peer: Some(("memcpy into fresh memory".into(), peer)),
+                bytes: big.bytes(),
+            },
+        );
     }
     if wanted("plan") {
         let tensors: Vec<Tensor> = (0..100_000)
@@ -297,12 +330,15 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect::<Result<_>>()?,
         );
         println!("  plan 100,000 tensors: {:.1} ms", time.as_secs_f64() * 1e3);
-        rows.push(Row {
-            case: "plan 100k tensors".into(),
-            ours: time,
-            peer: None,
-            bytes: 0,
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "plan 100k tensors".into(),
+                ours: time,
+                peer: None,
+                bytes: 0,
+            },
+        );
     }
     if wanted("open") {
         let tensors: Vec<Tensor> = (0..20_000)
@@ -318,12 +354,15 @@ pub fn run(args: &Args) -> Result<()> {
             "  open a 20,000-tensor container (index only): {:.3} µs per tensor",
             time.as_secs_f64() * 1e6 / 20_000.0
         );
-        rows.push(Row {
-            case: "open 20k-tensor index".into(),
-            ours: time,
-            peer: None,
-            bytes: 0,
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "open 20k-tensor index".into(),
+                ours: time,
+                peer: None,
+                bytes: 0,
+            },
+        );
     }
     let local = LocalStorage::new(&dir);
     if wanted("durable save") {
@@ -358,12 +397,15 @@ pub fn run(args: &Args) -> Result<()> {
                 })
             },
         )?;
-        rows.push(Row {
-            case: "durable save".into(),
-            ours,
-            peer: Some(("dd bs=8M conv=fsync".into(), peer)),
-            bytes: big.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "durable save".into(),
+                ours,
+                peer: Some(("dd bs=8M conv=fsync".into(), peer)),
+                bytes: big.bytes(),
+            },
+        );
         #[cfg(feature = "peers")]
         {
             let (ours, peer) = paired(
@@ -377,12 +419,15 @@ pub fn run(args: &Args) -> Result<()> {
                 },
                 || timed(|| peers::burn_pack_save(&big, &dir.join("burn.bpk"))),
             )?;
-            rows.push(Row {
-                case: "durable save".into(),
-                ours,
-                peer: Some(("burn-pack write_to_file".into(), peer)),
-                bytes: big.bytes(),
-            });
+            push(
+                &mut rows,
+                Row {
+                    case: "durable save".into(),
+                    ours,
+                    peer: Some(("burn-pack write_to_file".into(), peer)),
+                    bytes: big.bytes(),
+                },
+            );
         }
         let rss = rss_of("local", args.size_mib, &dir)?;
         println!(
@@ -405,12 +450,15 @@ pub fn run(args: &Args) -> Result<()> {
             },
             || timed(|| peers::burn_pack_save(&small, &dir.join("small-burn.bpk"))),
         )?;
-        rows.push(Row {
-            case: "20k small tensors, durable".into(),
-            ours,
-            peer: Some(("burn-pack write_to_file".into(), burn)),
-            bytes: small.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "20k small tensors, durable".into(),
+                ours,
+                peer: Some(("burn-pack write_to_file".into(), burn)),
+                bytes: small.bytes(),
+            },
+        );
         let (ours, st) = paired(
             runs,
             || {
@@ -422,12 +470,15 @@ pub fn run(args: &Args) -> Result<()> {
             },
             || timed(|| peers::safetensors_save(&small, &dir.join("small.safetensors"))),
         )?;
-        rows.push(Row {
-            case: "20k small tensors, durable".into(),
-            ours,
-            peer: Some(("safetensors serialize_to_file + fsync".into(), st)),
-            bytes: small.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "20k small tensors, durable".into(),
+                ours,
+                peer: Some(("safetensors serialize_to_file + fsync".into(), st)),
+                bytes: small.bytes(),
+            },
+        );
     }
     Writer::new(big.ours()).write_to(&local, "big.bpk")?;
     Writer::new(big.ours())
@@ -451,12 +502,15 @@ pub fn run(args: &Args) -> Result<()> {
             },
             || timed(|| peers::safetensors_mmap_touch(&dir.join("big.safetensors"))),
         )?;
-        rows.push(Row {
-            case: "mmap open + touch every byte".into(),
-            ours,
-            peer: Some(("safetensors crate over memmap2".into(), peer)),
-            bytes: big.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "mmap open + touch every byte".into(),
+                ours,
+                peer: Some(("safetensors crate over memmap2".into(), peer)),
+                bytes: big.bytes(),
+            },
+        );
         let (ours, peer) = paired(
             runs,
             || {
@@ -480,12 +534,15 @@ pub fn run(args: &Args) -> Result<()> {
             },
             || timed(|| peers::safetensors_mmap_touch(&dir.join("big.safetensors"))),
         )?;
-        rows.push(Row {
-            case: "WeightSource components over mmap (safetensors)".into(),
-            ours,
-            peer: Some(("safetensors crate over memmap2".into(), peer)),
-            bytes: big.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "WeightSource components over mmap (safetensors)".into(),
+                ours,
+                peer: Some(("safetensors crate over memmap2".into(), peer)),
+                bytes: big.bytes(),
+            },
+        );
     }
     if wanted("pread") {
         let (ours, peer) = paired(
@@ -505,7 +562,9 @@ pub fn run(args: &Args) -> Result<()> {
                     let mut file =
                         std::fs::File::open(dir.join("big.bpk")).map_err(io("opening"))?;
                     let mut position = 0u64;
-                    for info in reader.tensors() {
+                    let mut in_file_order: Vec<_> = reader.tensors().iter().collect();
+                    in_file_order.sort_by_key(|info| info.range().start);
+                    for info in in_file_order {
                         let range = info.range();
                         let mut skip = vec![0u8; (range.start.saturating_sub(position)) as usize];
                         file.read_exact(&mut skip).map_err(io("reading"))?;
@@ -518,12 +577,15 @@ pub fn run(args: &Args) -> Result<()> {
                 })
             },
         )?;
-        rows.push(Row {
-            case: "pread every tensor into fresh buffers".into(),
-            ours,
-            peer: Some(("sequential read into fresh buffers".into(), peer)),
-            bytes: big.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "pread every tensor into fresh buffers".into(),
+                ours,
+                peer: Some(("sequential read into fresh buffers".into(), peer)),
+                bytes: big.bytes(),
+            },
+        );
     }
     if wanted("object store") {
         let options = ObjectStoreOptions::default();
@@ -567,45 +629,74 @@ pub fn run(args: &Args) -> Result<()> {
                 })
             },
         )?;
-        rows.push(Row {
-            case: "object store save (InMemory)".into(),
-            ours,
-            peer: Some(("raw object_store WriteMultipart".into(), peer)),
-            bytes: big.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: "object store save (InMemory)".into(),
+                ours,
+                peer: Some(("raw object_store WriteMultipart".into(), peer)),
+                bytes: big.bytes(),
+            },
+        );
+        // Loading is measured against the S3 server when one is running: an in-memory store
+        // hands out slices of its own buffer, which measures nothing.
+        let (load_storage, load_store, label) = match std::env::var("WEIGHTBAY_S3_URL") {
+            Ok(url) => {
+                let remote = weightbay_object_store::open_url(
+                    &format!("{url}/bench"),
+                    std::iter::empty::<(&str, &str)>(),
+                )?;
+                Writer::new(big.ours()).write_to(&remote, "ours.bpk")?;
+                let store = Arc::clone(remote.store());
+                (remote, store, "S3 server")
+            }
+            Err(_) => (storage, Arc::clone(&store), "InMemory"),
+        };
+        let location = load_storage.prefix().clone().join("ours.bpk");
+        let request_len = args.fetch_request_mib << 20;
         let (ours, peer) = paired(
             runs,
             || {
+                // Opening (one GET for header and metadata) is left out, as for the peer.
+                let source = load_storage.open_object("ours.bpk")?;
+                let reader = Reader::open(Arc::new(source.clone()))?;
+                let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
                 timed(|| {
-                    let source = storage.open_object("ours.bpk")?;
-                    let reader = Reader::open(Arc::new(source.clone()))?;
-                    let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
-                    black_box(source.fetch(&ranges, options.fetch_budget)?);
+                    black_box(source.fetch(&ranges, request_len, options.fetch_budget)?);
                     Ok(())
                 })
             },
             || {
-                let reader = Reader::open(storage.open("ours.bpk")?)?;
+                let reader = Reader::open(load_storage.open("ours.bpk")?)?;
                 let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
-                let store = Arc::clone(&store);
+                let (store, location) = (Arc::clone(&load_store), location.clone());
                 timed(|| {
                     runtime
-                        .block_on(async move {
-                            store
-                                .get_ranges(&object_store::path::Path::from("ours.bpk"), &ranges)
-                                .await
-                        })
+                        .block_on(async move { store.get_ranges(&location, &ranges).await })
                         .map(|b| drop(black_box(b)))
                         .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
                 })
             },
         )?;
-        rows.push(Row {
-            case: "object store load every tensor (InMemory)".into(),
-            ours,
-            peer: Some(("raw object_store get_ranges".into(), peer)),
-            bytes: big.bytes(),
-        });
+        push(
+            &mut rows,
+            Row {
+                case: format!("object store load every tensor ({label})"),
+                ours,
+                peer: Some(("raw object_store get_ranges".into(), peer)),
+                bytes: big.bytes(),
+            },
+        );
+        if std::env::var("WEIGHTBAY_S3_URL").is_ok() {
+            for size in [256, args.size_mib] {
+                let rss = rss_of("s3", size, &dir)?;
+                println!(
+                    "  peak RSS streaming {size} MiB of deferred 16 MiB tensors to the S3 server: {} MiB (bound: {} MiB parts x 9 + 32 MiB)",
+                    rss >> 20,
+                    part >> 20
+                );
+            }
+        }
     }
 
     println!(
@@ -680,7 +771,10 @@ mod peers {
                     burn_pack::DType::F32,
                     vec![bytes.len() / 4],
                     None,
-                    burn_pack::Bytes::from_bytes_vec(bytes.clone()),
+                    burn_pack::Bytes::from_shared(
+                        bytes.clone(),
+                        burn_std::AllocationProperty::Native,
+                    ),
                 )
             })
             .collect();

@@ -14,6 +14,20 @@ pub struct Location {
     pub store: String,
 }
 
+/// object_store's retry policy, with `WEIGHTBAY_MAX_RETRIES` capping the retries of each
+/// request (0: fail at the first error).
+fn retry() -> object_store::RetryConfig {
+    let mut retry = object_store::RetryConfig::default();
+    if let Some(max) = std::env::var("WEIGHTBAY_MAX_RETRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        retry.max_retries = max;
+        retry.retry_timeout = std::time::Duration::from_secs(if max == 0 { 0 } else { 30 });
+    }
+    retry
+}
+
 impl Location {
     /// Resolves a path, `file://` URL, or object-store URL (`s3://`, `gs://`, `az://`,
     /// `memory://`, and the https forms object_store knows).
@@ -51,8 +65,11 @@ impl Location {
                             "`{input}` names no object: expected {scheme}://bucket/path/file"
                         ))
                     })?;
-                let storage =
-                    weightbay_object_store::open_url(store, std::iter::empty::<(&str, &str)>())?;
+                let storage = weightbay_object_store::open_url_with_retry(
+                    store,
+                    std::iter::empty::<(&str, &str)>(),
+                    retry(),
+                )?;
                 Ok(Self {
                     storage: Arc::new(storage),
                     key: key.to_owned(),

@@ -230,9 +230,9 @@ fn inspect_table(reader: &Reader) -> String {
         for (i, (cell, width)) in cells.iter().zip(widths).enumerate() {
             // Numbers right-aligned, text left-aligned.
             if i >= 3 {
-                text += &format!("{cell:>width$}  ")
+                text += &format!("{cell:>width$}  ");
             } else {
-                text += &format!("{cell:<width$}  ")
+                text += &format!("{cell:<width$}  ");
             }
         }
         text.trim_end().to_owned() + "\n"

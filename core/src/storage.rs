@@ -49,6 +49,21 @@ pub trait Source: Send + Sync + fmt::Debug {
     }
 }
 
+/// Checks, at commit, that a sink received the length the writer planned
+/// ([`CreateOptions::expected_len`]): a shorter stream means a writer stopped early.
+///
+/// # Errors
+/// [`ErrorKind::Io`] naming both lengths.
+pub fn check_written(expected: Option<u64>, written: u64) -> Result<()> {
+    match expected {
+        Some(expected) if expected != written => Err(Error::new(
+            ErrorKind::Io,
+            format!("{written} bytes written, {expected} were planned"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Checks `range` against a source of `len` bytes.
 ///
 /// # Errors

@@ -381,7 +381,7 @@ impl Writer {
     }
 
     fn stream(self, plan: &Plan, sink: &mut dyn Sink) -> Result<()> {
-        let mut out = Emitter::new(sink, plan.total_len());
+        let mut out = Emitter::new(sink, plan.total_len(), plan.trailer_len > 0);
         out.write(&plan.head)?;
         let prefix_crc = out.take_crc();
 
@@ -476,21 +476,27 @@ fn write_bytes(out: &mut Emitter<'_>, bytes: &Bytes) -> Result<()> {
     }
 }
 
-/// Gathers small writes, splits large ones into chunks, and keeps a running CRC32C.
+/// Writes at least this long have their checksum computed on a second thread.
+const CHECKSUM_IN_PARALLEL_FROM: usize = 1 << 20;
+
+/// Gathers small writes, splits large ones into chunks, and keeps a running CRC32C when the
+/// container gets a trailer.
 struct Emitter<'a> {
     sink: &'a mut dyn Sink,
     buffer: Vec<u8>,
+    checksums: bool,
     crc: u32,
 }
 
 impl<'a> Emitter<'a> {
-    fn new(sink: &'a mut dyn Sink, total_len: u64) -> Self {
+    fn new(sink: &'a mut dyn Sink, total_len: u64, checksums: bool) -> Self {
         let capacity = usize::try_from(total_len)
             .unwrap_or(usize::MAX)
             .min(WRITE_CHUNK_LEN);
         Self {
             sink,
             buffer: Vec::with_capacity(capacity),
+            checksums,
             crc: 0,
         }
     }
@@ -500,8 +506,8 @@ impl<'a> Emitter<'a> {
     }
 
     fn write(&mut self, data: &[u8]) -> Result<()> {
-        self.crc = crc32c::crc32c_append(self.crc, data);
         if data.len() < GATHER_BELOW {
+            self.checksum(data);
             if self.buffer.len() + data.len() > WRITE_CHUNK_LEN {
                 self.flush()?;
             }
@@ -509,10 +515,32 @@ impl<'a> Emitter<'a> {
             return Ok(());
         }
         self.flush()?;
-        for chunk in data.chunks(WRITE_CHUNK_LEN) {
-            self.sink.write(chunk)?;
+        if !self.checksums || data.len() < CHECKSUM_IN_PARALLEL_FROM {
+            self.checksum(data);
+            for chunk in data.chunks(WRITE_CHUNK_LEN) {
+                self.sink.write(chunk)?;
+            }
+            return Ok(());
         }
+        // The checksum runs on a second core while the sink copies the bytes out, so the
+        // trailer costs no time on top of the write.
+        let sink = &mut self.sink;
+        let data_crc = std::thread::scope(|scope| {
+            let checksum = scope.spawn(|| crc32c::crc32c(data));
+            for chunk in data.chunks(WRITE_CHUNK_LEN) {
+                sink.write(chunk)?;
+            }
+            // crc32c cannot panic; recomputing keeps this free of an unwrap all the same.
+            Ok::<u32, Error>(checksum.join().unwrap_or_else(|_| crc32c::crc32c(data)))
+        })?;
+        self.crc = crc32c::crc32c_combine(self.crc, data_crc, data.len());
         Ok(())
+    }
+
+    fn checksum(&mut self, data: &[u8]) {
+        if self.checksums {
+            self.crc = crc32c::crc32c_append(self.crc, data);
+        }
     }
 
     /// Zero padding between tensors; not part of any checksum.

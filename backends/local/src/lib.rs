@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use std_fs::StdFileSystem;
 use weightbay::fs::{FileHandle, FileSystem};
-use weightbay::storage::{check_range, validate_key};
+use weightbay::storage::{check_range, check_written, validate_key};
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind,
     LazyRegion, Result, Sink, Source, Storage, WriteMode,
@@ -202,6 +202,8 @@ impl Storage for LocalStorage {
                 file,
                 path,
                 durable,
+                written: 0,
+                expected_len: options.expected_len,
             }));
         }
         if options.mode == WriteMode::CreateNew && self.fs.open(&path).is_ok() {
@@ -303,14 +305,7 @@ impl Sink for AtomicSink {
     }
 
     fn commit(mut self: Box<Self>) -> Result<()> {
-        if let Some(expected) = self.expected_len
-            && expected != self.written
-        {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("{} bytes written, {expected} were planned", self.written),
-            ));
-        }
+        check_written(self.expected_len, self.written)?;
         let Some(file) = self.file.take() else {
             return Err(Error::new(ErrorKind::Io, "sink already committed"));
         };
@@ -395,16 +390,21 @@ struct InPlaceSink {
     file: Box<dyn FileHandle>,
     path: PathBuf,
     durable: bool,
+    written: u64,
+    expected_len: Option<u64>,
 }
 
 impl Sink for InPlaceSink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
         self.file
             .write_all(data)
-            .map_err(|e| io_error("writing", &self.path, e))
+            .map_err(|e| io_error("writing", &self.path, e))?;
+        self.written += data.len() as u64;
+        Ok(())
     }
 
     fn commit(self: Box<Self>) -> Result<()> {
+        check_written(self.expected_len, self.written)?;
         if self.durable {
             self.file
                 .sync_all()

@@ -75,6 +75,10 @@ pub struct ObjectStoreOptions {
     pub durable: bool,
     /// Bytes [`ObjectSource::fetch`] keeps in flight at once. Default 256 MiB.
     pub fetch_budget: usize,
+    /// The largest request [`ObjectSource::fetch`] makes for coalesced ranges. Default 64 MiB:
+    /// large requests suit stores that are slow per request; parallel smaller ones suit S3's
+    /// per-connection limits (16 MiB is the usual advice there).
+    pub fetch_request_len: u64,
     /// Staged create-new uploads older than this are [`Storage::clean_pending`]'s to remove.
     /// Default one hour.
     pub stale_after: Duration,
@@ -87,6 +91,7 @@ impl Default for ObjectStoreOptions {
             parts_in_flight: 8,
             durable: false,
             fetch_budget: 256 * 1024 * 1024,
+            fetch_request_len: 64 * 1024 * 1024,
             stale_after: Duration::from_secs(3600),
         }
     }
@@ -318,6 +323,24 @@ where
     K: AsRef<str>,
     V: Into<String>,
 {
+    open_url_with_retry(url, options, object_store::RetryConfig::default())
+}
+
+/// [`open_url`] with an explicit retry policy for the cloud stores (object_store's default
+/// retries for up to three minutes; a command-line tool may want to give up sooner).
+///
+/// # Errors
+/// As [`open_url`].
+pub fn open_url_with_retry<I, K, V>(
+    url: &str,
+    options: I,
+    retry: object_store::RetryConfig,
+) -> Result<ObjectStorage>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: Into<String>,
+{
     let bad = |message: String| Error::invalid(message);
     let parsed = url::Url::parse(url).map_err(|e| bad(format!("`{url}` is not a URL: {e}")))?;
     let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
@@ -328,7 +351,7 @@ where
     let store: Arc<dyn ObjectStore> = match scheme {
         ObjectStoreScheme::AmazonS3 => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-            let mut builder = AmazonS3Builder::from_env().with_url(url);
+            let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
             for (key, value) in options {
                 let key: AmazonS3ConfigKey = key
                     .as_ref()
@@ -351,7 +374,9 @@ where
         }
         ObjectStoreScheme::GoogleCloudStorage => {
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
-            let mut builder = GoogleCloudStorageBuilder::from_env().with_url(url);
+            let mut builder = GoogleCloudStorageBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry);
             for (key, value) in options {
                 let key: GoogleConfigKey = key
                     .as_ref()
@@ -367,7 +392,9 @@ where
         }
         ObjectStoreScheme::MicrosoftAzure => {
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
-            let mut builder = MicrosoftAzureBuilder::from_env().with_url(url);
+            let mut builder = MicrosoftAzureBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry);
             for (key, value) in options {
                 let key: AzureConfigKey = key
                     .as_ref()

@@ -8,6 +8,7 @@ use object_store::{
     CopyMode, CopyOptions, MultipartUpload, ObjectStore, ObjectStoreExt, PutMode,
     PutMultipartOptions, PutOptions, PutPayload,
 };
+use weightbay::storage::check_written;
 use weightbay::{CreateOptions, Error, ErrorKind, Result, Sink, WriteMode};
 
 use crate::error::convert;
@@ -348,15 +349,7 @@ impl Sink for ObjectSink {
     }
 
     fn commit(mut self: Box<Self>) -> Result<()> {
-        if let Some(expected) = self.expected_len
-            && expected != self.written
-        {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("{} bytes written, {expected} were planned", self.written),
-            )
-            .with_key(&self.key));
-        }
+        check_written(self.expected_len, self.written).map_err(|e| e.with_key(&self.key))?;
         if self.upload.is_none() {
             return self.put_whole();
         }

@@ -16,8 +16,6 @@ use crate::error::convert;
 
 /// Adjacent ranges closer than this are fetched in one request.
 const COALESCE_GAP: u64 = 1 << 20;
-/// The largest request [`ObjectSource::fetch`] makes for coalesced ranges.
-const MAX_FETCH: u64 = 32 << 20;
 
 struct Remote {
     store: Arc<dyn ObjectStore>,
@@ -169,12 +167,18 @@ impl ObjectSource {
     }
 
     /// Fetches `ranges` now and returns them resident, in the order given. Ranges closer than
-    /// 1 MiB are coalesced into requests of up to 32 MiB, which run in parallel within
-    /// `budget` bytes in flight; every request is pinned to the opened version.
+    /// 1 MiB are coalesced into requests of up to `request_len` bytes, which run in parallel
+    /// within `budget` bytes in flight; every request is pinned to the opened version.
+    /// [`ObjectStoreOptions`](crate::ObjectStoreOptions) holds defaults for both.
     ///
     /// # Errors
     /// [`ErrorKind::OutOfRange`] for a range past the end; the store's error.
-    pub fn fetch(&self, ranges: &[Range<u64>], budget: usize) -> Result<Vec<Bytes>> {
+    pub fn fetch(
+        &self,
+        ranges: &[Range<u64>],
+        request_len: u64,
+        budget: usize,
+    ) -> Result<Vec<Bytes>> {
         for range in ranges {
             check_range(range, self.0.len)?;
         }
@@ -186,7 +190,7 @@ impl ObjectSource {
             match groups.last_mut() {
                 Some((group, members))
                     if range.start <= group.end + COALESCE_GAP
-                        && range.end.max(group.end) - group.start <= MAX_FETCH =>
+                        && range.end.max(group.end) - group.start <= request_len =>
                 {
                     group.end = group.end.max(range.end);
                     members.push(i);
@@ -194,7 +198,7 @@ impl ObjectSource {
                 _ => groups.push((range.clone(), vec![i])),
             }
         }
-        let parallel = (budget as u64 / MAX_FETCH).max(1) as usize;
+        let parallel = (budget as u64 / request_len.max(1)).max(1) as usize;
         let remote = Arc::clone(&self.0);
         let requests: Vec<(Range<u64>, GetOptions)> = groups
             .iter()

@@ -154,7 +154,7 @@ fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
     let reader = Reader::open(Arc::new(source.clone())).unwrap();
     let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
     store.gets.store(0, Ordering::SeqCst);
-    let fetched = source.fetch(&ranges, 1 << 20).unwrap();
+    let fetched = source.fetch(&ranges, 1 << 20, 1 << 20).unwrap();
     assert_eq!(
         store.gets.load(Ordering::SeqCst),
         1,
@@ -168,7 +168,7 @@ fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
     Writer::new(tensors(10, 5001))
         .write_to(&storage, "m.bpk")
         .unwrap();
-    let err = source.fetch(&ranges, 1 << 20).unwrap_err();
+    let err = source.fetch(&ranges, 1 << 20, 1 << 20).unwrap_err();
     assert!(err.to_string().contains("changed or vanished"), "{err}");
     // Bytes already fetched at open (this whole small container) stay the old version's.
     assert!(reader.read("t9").unwrap() == vec![9; 5000]);

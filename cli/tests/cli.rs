@@ -1,0 +1,187 @@
+//! The `weightbay` command as a user runs it: real files, real exit codes, one-line errors.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use weightbay::format::Format;
+use weightbay::{BoolStore, DType, Scalar, Tensor, Writer};
+
+fn weightbay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_weightbay"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap()
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The golden container of the format docs.
+fn golden(path: &Path) {
+    let weight: Vec<u8> = (1..=6).flat_map(|v| (v as f32).to_le_bytes()).collect();
+    let bytes = Writer::new(vec![
+        Tensor::new("layer.weight", DType::F32, [2, 3], weight).with_param_id(42),
+        Tensor::new(
+            "layer.bias",
+            DType::F16,
+            [3],
+            vec![0, 0x3c, 0, 0x40, 0, 0x42],
+        ),
+        Tensor::new(
+            "mask",
+            DType::Bool(BoolStore::Native),
+            [4],
+            vec![1, 0, 1, 1],
+        ),
+    ])
+    .with_metadata("producer", "cli-test")
+    .with_scalar("epoch", 3u64)
+    .with_scalar("lr", Scalar::Float(0.001))
+    .into_bytes()
+    .unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn inspect_prints_a_table_and_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.bpk");
+    golden(&path);
+    let output = weightbay(&["inspect", path.to_str().unwrap()]);
+    assert!(output.status.success());
+    insta::assert_snapshot!("inspect_table", text(&output).0);
+    let output = weightbay(&["inspect", "--json", path.to_str().unwrap()]);
+    assert!(output.status.success());
+    insta::assert_snapshot!("inspect_json", text(&output).0);
+}
+
+#[test]
+fn verify_passes_clean_files_and_names_the_corrupt_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.bpk");
+    golden(&path);
+    let output = weightbay(&["verify", path.to_str().unwrap()]);
+    assert!(output.status.success(), "{:?}", text(&output));
+    assert!(text(&output).0.contains("every checksum matches"));
+
+    let mut bytes = std::fs::read(&path).unwrap();
+    let bias = weightbay::Reader::from_bytes(bytes.clone())
+        .unwrap()
+        .tensor("layer.bias")
+        .unwrap()
+        .range();
+    bytes[bias.start as usize + 1] ^= 0x01;
+    std::fs::write(&path, bytes).unwrap();
+    let output = weightbay(&["verify", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    let (_, stderr) = text(&output);
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains("tensor `layer.bias`"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "one line, no backtrace: {stderr}"
+    );
+}
+
+#[test]
+fn cp_converts_between_formats_and_storages() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.bpk");
+    golden(&source);
+    let st = dir.path().join("out/model.safetensors");
+    let output = weightbay(&["cp", source.to_str().unwrap(), st.to_str().unwrap()]);
+    assert!(output.status.success(), "{:?}", text(&output));
+    let reader = weightbay::Reader::from_bytes(std::fs::read(&st).unwrap()).unwrap();
+    assert_eq!(reader.format(), Format::Safetensors);
+    assert_eq!(reader.scalars()["epoch"], Scalar::UInt(3));
+
+    // Back to Burnpack through a file:// URL, with --no-clobber.
+    let back = format!("file://{}", dir.path().join("back.bpk").display());
+    assert!(
+        weightbay(&["cp", st.to_str().unwrap(), &back])
+            .status
+            .success()
+    );
+    let output = weightbay(&["cp", "--no-clobber", st.to_str().unwrap(), &back]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output).1.contains("already exists"),
+        "{:?}",
+        text(&output)
+    );
+    assert!(
+        weightbay(&["verify", "--require-checksums", &back])
+            .status
+            .success()
+    );
+
+    // An embedded object store works as a destination within one command.
+    let output = weightbay(&["cp", source.to_str().unwrap(), "memory:///bucket/model.bpk"]);
+    assert!(output.status.success(), "{:?}", text(&output));
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.bpk");
+    std::fs::write(&junk, b"this is not a checkpoint at all").unwrap();
+    let missing = dir.path().join("missing.bpk");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["inspect".into(), missing.display().to_string()],
+            "missing.bpk",
+        ),
+        (vec!["inspect".into(), "ftp://host/x.bpk".into()], "ftp://"),
+        (
+            vec!["verify".into(), junk.display().to_string()],
+            "corrupt container",
+        ),
+        (vec!["inspect".into(), "s3://".into()], "names no object"),
+        (
+            vec!["inspect".into(), "memory:///nothing/here.bpk".into()],
+            "here.bpk",
+        ),
+    ];
+    for (args, expected) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = weightbay(&args);
+        let (_, stderr) = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(expected),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    }
+    // An unreachable endpoint: a closed local port, with retries kept short.
+    let output = Command::new(env!("CARGO_BIN_EXE_weightbay"))
+        .args(["inspect", "s3://bucket/model.bpk"])
+        .env("AWS_ENDPOINT", "http://127.0.0.1:9")
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "secret-that-must-not-print")
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("WEIGHTBAY_MAX_RETRIES", "0")
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(!stderr.contains("secret-that-must-not-print"), "{stderr}");
+}
+
+#[test]
+fn demo_runs_with_nothing_else_started() {
+    let output = weightbay(&["demo", "--size-mib", "32"]);
+    assert!(output.status.success(), "{:?}", text(&output));
+    let (stdout, _) = text(&output);
+    assert!(stdout.contains("done: both copies verify"), "{stdout}");
+}
