@@ -30,7 +30,7 @@ run() {
     # New inputs go to a scratch corpus; the committed seeds are read only.
     if ! cargo fuzz run -O "$target" "$scratch" "fuzz/corpus/$target" -- \
         -max_total_time="$seconds" "${limits[@]}" "$@" 2>&1 | tee "$scratch.log" |
-        grep -E "^(#[0-9]+ +DONE|stat::|==[0-9]+==|SUMMARY|artifact_prefix|Test unit written)" >&2; then
+        grep -E "^(#[0-9]+[[:space:]]+DONE|stat::|==[0-9]+==|SUMMARY|artifact_prefix|Test unit written)" >&2; then
         :
     fi
     if grep -qE "Test unit written|SUMMARY:|panicked" "$scratch.log"; then

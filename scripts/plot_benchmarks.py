@@ -10,6 +10,8 @@ import sys
 from collections import defaultdict
 
 W, H, LEFT, RIGHT, TOP, BOTTOM = 900, 520, 70, 330, 40, 60
+# The cases worth a size sweep: throughput that depends on the checkpoint's size.
+CASES = {"durable save", "mmap open + touch every byte", "WeightSource components over mmap (safetensors)"}
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -21,11 +23,16 @@ def main():
         size = float(size)
         with open(path) as f:
             for row in csv.DictReader(f):
-                nbytes = float(row["bytes"] or 0)
+                try:
+                    nbytes = float(row["bytes"] or 0)
+                except ValueError:  # a row from an older bench that did not quote its fields
+                    continue
                 if nbytes == 0:
                     continue
                 gib = nbytes / 2**30
                 case = row["case"]
+                if case not in CASES:
+                    continue
                 series[f"weightbay: {case}"][size] = gib / float(row["ours_s"])
                 if row["peer"]:
                     series[f"{row['peer']} ({case})"][size] = gib / float(row["peer_s"])

@@ -207,14 +207,22 @@ fn rss_case(case: &str, size_mib: u64, dir: &Path) -> Result<()> {
         "local" => writer
             .write_to(&LocalStorage::new(dir), "rss.bpk")
             .map(|_| ())?,
-        "s3" => {
+        "s3" | "s3-safetensors" => {
             let url = std::env::var("WEIGHTBAY_S3_URL")
                 .map_err(|_| Error::invalid("WEIGHTBAY_S3_URL is unset"))?;
             let storage = weightbay_object_store::open_url(
                 &format!("{url}/bench"),
                 std::iter::empty::<(&str, &str)>(),
             )?;
-            writer.write_to(&storage, "rss.bpk").map(|_| ())?;
+            let format = if case == "s3" {
+                Format::Burnpack
+            } else {
+                Format::Safetensors
+            };
+            writer
+                .with_format(format)
+                .write_to(&storage, "rss.bin")
+                .map(|_| ())?;
         }
         other => return Err(Error::invalid(format!("unknown rss case {other}"))),
     }
@@ -688,10 +696,14 @@ pub fn run(args: &Args) -> Result<()> {
             },
         );
         if std::env::var("WEIGHTBAY_S3_URL").is_ok() {
-            for size in [256, args.size_mib] {
-                let rss = rss_of("s3", size, &dir)?;
+            for (case, size) in [
+                ("s3", 256),
+                ("s3", args.size_mib),
+                ("s3-safetensors", args.size_mib),
+            ] {
+                let rss = rss_of(case, size, &dir)?;
                 println!(
-                    "  peak RSS streaming {size} MiB of deferred 16 MiB tensors to the S3 server: {} MiB (bound: {} MiB parts x 9 + 32 MiB)",
+                    "  peak RSS streaming {size} MiB of deferred 16 MiB tensors to the S3 server ({case}): {} MiB (bound: {} MiB parts x 9 + 32 MiB)",
                     rss >> 20,
                     part >> 20
                 );
@@ -727,8 +739,9 @@ pub fn run(args: &Args) -> Result<()> {
             "{:<48} {:>12} {:<40} {:>12} {:>7}",
             row.case, ours, peer_name, peer_text, ratio_text
         );
+        // Case and peer names hold commas: quote them.
         csv += &format!(
-            "{},{},{:.6},{},{},{}\n",
+            "\"{}\",{},{:.6},\"{}\",{},{}\n",
             row.case,
             row.bytes,
             row.ours.as_secs_f64(),

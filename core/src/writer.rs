@@ -381,7 +381,7 @@ impl Writer {
     }
 
     fn stream(self, plan: &Plan, sink: &mut dyn Sink) -> Result<()> {
-        let mut out = Emitter::new(sink, plan.total_len(), plan.trailer_len > 0);
+        let mut out = Emitter::new(sink, plan.trailer_len > 0);
         out.write(&plan.head)?;
         let prefix_crc = out.take_crc();
 
@@ -489,13 +489,11 @@ struct Emitter<'a> {
 }
 
 impl<'a> Emitter<'a> {
-    fn new(sink: &'a mut dyn Sink, total_len: u64, checksums: bool) -> Self {
-        let capacity = usize::try_from(total_len)
-            .unwrap_or(usize::MAX)
-            .min(WRITE_CHUNK_LEN);
+    fn new(sink: &'a mut dyn Sink, checksums: bool) -> Self {
         Self {
             sink,
-            buffer: Vec::with_capacity(capacity),
+            // Grown on demand: a checkpoint of large tensors only ever buffers its header.
+            buffer: Vec::new(),
             checksums,
             crc: 0,
         }
