@@ -247,6 +247,7 @@ pub trait WeightSource: Send + Sync {
             let mut gathered = Bytes::zeroed(total, 64)?;
             let out = gathered.make_mut()?;
             let mut at = 0;
+            // `out` is exactly the segments' total length, so each `at..end` is in bounds.
             for segment in &segments {
                 let end = at + segment.bytes.len();
                 segment

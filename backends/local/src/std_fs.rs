@@ -27,6 +27,7 @@ impl FileHandle for StdFile {
         #[cfg(windows)]
         {
             let mut done = 0;
+            // `done < buf.len()` inside the loop, so the slice below is in bounds.
             while done < buf.len() {
                 match std::os::windows::fs::FileExt::seek_read(
                     &self.0,
