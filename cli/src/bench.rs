@@ -182,6 +182,23 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(io("syncing the directory"))
 }
 
+/// CPU time (user + system) this process has used so far, from `/proc/self/stat` (Linux;
+/// clock ticks of 10 ms).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
 /// The peak resident set of this process so far, in bytes (Linux).
 fn peak_rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -696,6 +713,38 @@ pub fn run(args: &Args) -> Result<()> {
             },
         );
         if std::env::var("WEIGHTBAY_S3_URL").is_ok() {
+            // Client CPU (user + system) per GiB written to the S3 server, against raw
+            // object_store's WriteMultipart with the same part size and parts in flight.
+            let (ours_cpu, raw_cpu) = {
+                let before = cpu_time();
+                Writer::new(big.ours()).write_to(&load_storage, "cpu.bpk")?;
+                let ours = cpu_time() - before;
+                let bytes = Writer::new(big.ours()).into_bytes()?;
+                let store = Arc::clone(&load_store);
+                let location = load_storage.prefix().clone().join("raw-cpu.bpk");
+                let before = cpu_time();
+                runtime
+                    .block_on(async move {
+                        use object_store::ObjectStoreExt;
+                        let upload = store.put_multipart(&location).await?;
+                        let mut write =
+                            object_store::WriteMultipart::new_with_chunk_size(upload, part);
+                        for chunk in bytes.chunks(8 << 20) {
+                            write.wait_for_capacity(options.parts_in_flight).await?;
+                            write.write(chunk);
+                        }
+                        write.finish().await.map(drop)
+                    })
+                    .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))?;
+                (ours, cpu_time() - before)
+            };
+            let gib = big.bytes() as f64 / (1u64 << 30) as f64;
+            println!(
+                "  client CPU per GiB to the S3 server: {:.2} s, raw object_store {:.2} s = {:.2}x raw's",
+                ours_cpu.as_secs_f64() / gib,
+                raw_cpu.as_secs_f64() / gib,
+                ours_cpu.as_secs_f64() / raw_cpu.as_secs_f64().max(1e-9)
+            );
             for (case, size) in [
                 ("s3", 256),
                 ("s3", args.size_mib),

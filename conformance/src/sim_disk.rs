@@ -302,6 +302,25 @@ impl FileSystem for SimulatedDisk {
         })
     }
 
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        self.operate(|state| {
+            let has_entries = state
+                .written
+                .get(dir)
+                .is_some_and(|entries| !entries.is_empty());
+            let has_subdirs = state.dirs.iter().any(|d| d.parent() == Some(dir));
+            if has_entries || has_subdirs {
+                return Err(io::Error::other("directory not empty"));
+            }
+            if !state.dirs.remove(dir) {
+                return Err(not_found(dir));
+            }
+            state.written.remove(dir);
+            state.durable.remove(dir);
+            Ok(())
+        })
+    }
+
     fn copy_permissions(&self, _from: &Path, _to: &Path) -> io::Result<()> {
         self.operate(|_| Ok(()))
     }

@@ -129,6 +129,9 @@ impl FileSystem for SkipsFsync {
     fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
         self.0.create_dir_all(dir)
     }
+    fn remove_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.0.remove_dir(dir)
+    }
     fn copy_permissions(
         &self,
         from: &std::path::Path,

@@ -124,6 +124,10 @@ impl DType {
         let Some(size) = self.element_size() else {
             return Some(None);
         };
+        // A zero dimension makes the product zero, however large the others are.
+        if shape.contains(&0) {
+            return Some(Some(0));
+        }
         shape
             .iter()
             .try_fold(size, |acc, &dim| acc.checked_mul(dim))

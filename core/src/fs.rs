@@ -102,6 +102,12 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     /// The operating system's error.
     fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
 
+    /// Removes the directory `dir` if it is empty.
+    ///
+    /// # Errors
+    /// `NotFound`; an error (of any kind) when it is not empty.
+    fn remove_dir(&self, dir: &Path) -> io::Result<()>;
+
     /// Gives `to` the permission bits of `from`, if `from` exists as a regular file.
     ///
     /// # Errors

@@ -188,6 +188,9 @@ impl AllocationController for LazyRegion {
 ///   sink. A failed `commit` leaves the key as it was, with one exception a backend must name
 ///   in the error: the container was published but could not be made durable (a directory
 ///   fsync that failed after the rename).
+/// - The one mode outside these rules is [`WriteMode::InPlace`], which the caller chooses
+///   knowing that it writes the destination itself: the old container is gone once the sink
+///   is created, and a dropped or failed in-place sink leaves a partial file.
 pub trait Sink: Send {
     /// Appends `data`.
     ///

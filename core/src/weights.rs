@@ -318,8 +318,8 @@ impl std::fmt::Debug for ShardedWeights {
     }
 }
 
-/// The largest index file read.
-pub const MAX_INDEX_LEN: u64 = 64 * 1024 * 1024;
+/// The largest index file read: room for 100,000 tensors with long names.
+pub const MAX_INDEX_LEN: u64 = 16 * 1024 * 1024;
 
 impl ShardedWeights {
     /// Reads the index at `index_key` in `storage`.
@@ -331,7 +331,7 @@ impl ShardedWeights {
         let source = storage.open(index_key)?;
         if source.len() > MAX_INDEX_LEN {
             return Err(
-                Error::new(ErrorKind::LimitExceeded, "index file over 64 MiB").with_key(index_key),
+                Error::new(ErrorKind::LimitExceeded, "index file over 16 MiB").with_key(index_key),
             );
         }
         let mut text = vec![0; usize::try_from(source.len()).unwrap_or(0)];

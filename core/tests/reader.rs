@@ -321,6 +321,37 @@ fn tensor_count_limit() {
 }
 
 #[test]
+fn metadata_and_scalar_entries_count_against_the_tensor_limit() {
+    let entries = |n: usize, value: &dyn Fn() -> Value| {
+        Value::Map((0..n).map(|i| (text(&format!("k{i}")), value())).collect())
+    };
+    for field in ["metadata", "scalars"] {
+        let value: &dyn Fn() -> Value = if field == "metadata" {
+            &|| text("")
+        } else {
+            &|| Value::Map(vec![(text("Bool"), Value::Bool(true))])
+        };
+        let at = |n| {
+            Value::Map(vec![
+                (text("tensors"), Value::Map(vec![])),
+                (text(field), entries(n, value)),
+            ])
+        };
+        assert!(
+            Reader::from_bytes(container(&at(MAX_TENSOR_COUNT), &[])).is_ok(),
+            "{field}"
+        );
+        assert_eq!(
+            kind(container(&at(MAX_TENSOR_COUNT + 1), &[])),
+            ErrorKind::LimitExceeded,
+            "{field}"
+        );
+    }
+    // A zero dimension makes a tensor empty however large the others are.
+    assert_eq!(DType::F32.byte_len(&[1 << 40, 1 << 40, 0]), Some(Some(0)));
+}
+
+#[test]
 fn tensor_length_limit() {
     // Claimed in a small container: the limit is checked before the range.
     let at = |len: u64| {

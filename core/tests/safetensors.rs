@@ -348,3 +348,19 @@ print(t["layer.weight"].shape, float(t["layer.weight"].sum()), t["layer.bias"].t
         "(3, 4) 33.0 [7, -9] weightbay"
     );
 }
+
+#[test]
+fn entry_counts_are_capped_as_they_arrive() {
+    use weightbay::format::MAX_TENSOR_COUNT;
+    let entries: Vec<String> = (0..=MAX_TENSOR_COUNT + 1)
+        .map(|i| format!(r#""m{i}":"""#))
+        .collect();
+    let metadata = format!(r#"{{"__metadata__":{{{}}}}}"#, entries.join(","));
+    let err = Reader::from_bytes(raw(&metadata, &[])).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    let tensors: Vec<String> = (0..=MAX_TENSOR_COUNT + 1)
+        .map(|i| format!(r#""t{i}":{{"dtype":"U8","shape":[0],"data_offsets":[0,0]}}"#))
+        .collect();
+    let err = Reader::from_bytes(raw(&format!("{{{}}}", tensors.join(",")), &[])).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+}

@@ -152,6 +152,16 @@ impl LocalStorage {
     }
 }
 
+/// Removes the directories a save created (deepest first), unless something else now lives
+/// in them. Best effort: this runs when a save is abandoned.
+fn remove_new_dirs(fs: &dyn FileSystem, new_dirs: &[PathBuf]) {
+    for dir in new_dirs {
+        if fs.remove_dir(dir).is_err() {
+            break;
+        }
+    }
+}
+
 /// The writer pid in a scratch name `<name>.<pid>-<n>.tmp`.
 fn scratch_pid(name: &str) -> Option<u32> {
     let stem = name.strip_suffix(SCRATCH_SUFFIX)?;
@@ -218,10 +228,10 @@ impl Storage for LocalStorage {
             std::process::id(),
             NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = self
-            .fs
-            .create_new(&scratch)
-            .map_err(|e| io_error("creating", &scratch, e))?;
+        let file = self.fs.create_new(&scratch).map_err(|e| {
+            remove_new_dirs(self.fs.as_ref(), &new_dirs);
+            io_error("creating", &scratch, e)
+        })?;
         Ok(Box::new(AtomicSink {
             fs: Arc::clone(&self.fs),
             file: Some(file),
@@ -380,6 +390,7 @@ impl Drop for AtomicSink {
             // Best effort: a scratch file that cannot be removed now is found later by
             // `clean_pending`.
             let _ = self.fs.remove_file(&self.scratch);
+            remove_new_dirs(self.fs.as_ref(), &self.new_dirs);
         }
     }
 }

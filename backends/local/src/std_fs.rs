@@ -101,6 +101,10 @@ impl FileSystem for StdFileSystem {
         fs::create_dir_all(dir)
     }
 
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        fs::remove_dir(dir)
+    }
+
     fn copy_permissions(&self, from: &Path, to: &Path) -> io::Result<()> {
         match fs::symlink_metadata(from) {
             Ok(meta) if meta.is_file() => fs::set_permissions(to, meta.permissions()),

@@ -217,3 +217,25 @@ fn offsets_beyond_four_gib() {
         [7u32, 9].map(u32::to_le_bytes).concat()
     );
 }
+
+#[test]
+fn an_abandoned_save_removes_the_directories_it_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    let mut sink = storage
+        .create("a/b/c/m.bpk", &weightbay::CreateOptions::default())
+        .unwrap();
+    sink.write(b"partial").unwrap();
+    drop(sink);
+    assert!(
+        !dir.path().join("a").exists(),
+        "the new directories are gone"
+    );
+    container(1, 10).write_to(&storage, "a/keep.bpk").unwrap();
+    drop(
+        storage
+            .create("a/b/m.bpk", &weightbay::CreateOptions::default())
+            .unwrap(),
+    );
+    assert!(dir.path().join("a/keep.bpk").exists() && !dir.path().join("a/b").exists());
+}

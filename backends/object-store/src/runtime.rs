@@ -9,8 +9,10 @@ use weightbay::{Error, ErrorKind, Result};
 ///
 /// Work is always spawned onto the runtime and awaited through a channel, never with
 /// `block_on` on the caller's thread, so calling from plain code, from a runtime worker, or
-/// from a current-thread runtime never panics. (Blocking a runtime worker this way stalls that
-/// worker; async callers should use `spawn_blocking`, as the crate docs show.)
+/// from a current-thread runtime never panics. Blocking a runtime worker this way stalls that
+/// worker, and a bridge borrowed from a current-thread runtime cannot be called from that
+/// runtime's own thread (it answers `Unsupported`): async callers should use
+/// `spawn_blocking`, as the crate docs show.
 #[derive(Debug, Clone)]
 pub struct Bridge {
     handle: tokio::runtime::Handle,
@@ -63,6 +65,16 @@ impl Bridge {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        // Waiting on the thread of a current-thread runtime would stop the only thread that
+        // can run the work: refuse instead of hanging.
+        if let Ok(current) = tokio::runtime::Handle::try_current()
+            && current.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+            && self.handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+        {
+            return Err(Error::unsupported(
+                "called on the thread of the current-thread runtime it runs on; use spawn_blocking",
+            ));
+        }
         let (sender, receiver) = std::sync::mpsc::sync_channel(1);
         self.handle.spawn(async move {
             let _ = sender.send(future.await);

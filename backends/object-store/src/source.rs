@@ -187,6 +187,10 @@ impl ObjectSource {
         let mut groups: Vec<(Range<u64>, Vec<usize>)> = Vec::new();
         for i in order {
             let range = &ranges[i];
+            if range.start == range.end {
+                // Nothing to fetch (a zero-element tensor); a zero-length GET is refused.
+                continue;
+            }
             match groups.last_mut() {
                 Some((group, members))
                     if range.start <= group.end + COALESCE_GAP

@@ -175,6 +175,38 @@ fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
 }
 
 #[test]
+fn empty_ranges_fetch_as_empty_bytes() {
+    let (_, storage) = counting();
+    Writer::new(vec![
+        Tensor::new("empty", DType::U8, [0], vec![]),
+        Tensor::new("one", DType::U8, [1], vec![7]),
+    ])
+    .write_to(&storage, "m.bpk")
+    .unwrap();
+    let source = storage.open_object("m.bpk").unwrap();
+    let reader = Reader::open(Arc::new(source.clone())).unwrap();
+    let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
+    let fetched = source.fetch(&ranges, 1 << 20, 1 << 20).unwrap();
+    assert_eq!(fetched.iter().map(|b| b.len()).collect::<Vec<_>>(), [0, 1]);
+}
+
+/// A bridge borrowed from a current-thread runtime, called on that runtime's own thread,
+/// answers Unsupported instead of waiting forever for work that thread would have to run.
+#[test]
+fn a_borrowed_current_thread_runtime_refuses_instead_of_hanging() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let storage = ObjectStorage::with_bridge(
+        Arc::new(object_store::memory::InMemory::new()),
+        weightbay_object_store::Bridge::borrowed(runtime.handle().clone()),
+    );
+    let err = runtime.block_on(async { storage.open("m.bpk").unwrap_err() });
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+}
+
+#[test]
 fn part_size_grows_to_stay_under_ten_thousand_parts() {
     let options = ObjectStoreOptions::default();
     assert_eq!(options.part_size_for(Some(1 << 30)), 8 << 20);

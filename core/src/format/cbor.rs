@@ -540,6 +540,15 @@ impl Parser<'_> {
         let mut map = BTreeMap::new();
         let mut index = 0;
         while self.has_next(len, index)? {
+            if index == self.limits.max_tensor_count {
+                return Err(Error::new(
+                    crate::ErrorKind::LimitExceeded,
+                    format!(
+                        "more than {} metadata entries",
+                        self.limits.max_tensor_count
+                    ),
+                ));
+            }
             index += 1;
             let key = self.text()?;
             let value = self.text()?;
@@ -555,6 +564,12 @@ impl Parser<'_> {
         let mut map = BTreeMap::new();
         let mut index = 0;
         while self.has_next(len, index)? {
+            if index == self.limits.max_tensor_count {
+                return Err(Error::new(
+                    crate::ErrorKind::LimitExceeded,
+                    format!("more than {} scalars entries", self.limits.max_tensor_count),
+                ));
+            }
             index += 1;
             let key = self.text()?;
             let value = self.scalar()?;

@@ -22,12 +22,25 @@ pub(crate) fn looks_like(prefix: &[u8]) -> bool {
     prefix.len() > 8 && prefix[8] == b'{'
 }
 
-/// The JSON header's entries in file order, with duplicate keys detected.
+/// The JSON header's entries in file order, with duplicate keys detected and at most `max`
+/// entries kept: the count is checked as they arrive, before more is allocated.
 struct Entries(Vec<(String, Box<RawValue>)>);
 
-impl<'de> Deserialize<'de> for Entries {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
-        struct EntriesVisitor;
+/// Deserializes [`Entries`] with a cap on their number.
+struct CappedEntries {
+    max: usize,
+}
+
+impl<'de> de::DeserializeSeed<'de> for CappedEntries {
+    type Value = Entries;
+
+    fn deserialize<D: Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<Entries, D::Error> {
+        struct EntriesVisitor {
+            max: usize,
+        }
         impl<'de> Visitor<'de> for EntriesVisitor {
             type Value = Entries;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -40,6 +53,12 @@ impl<'de> Deserialize<'de> for Entries {
                 let mut entries = Vec::new();
                 let mut seen = BTreeSet::new();
                 while let Some(key) = map.next_key::<String>()? {
+                    if entries.len() == self.max {
+                        return Err(de::Error::custom(format!(
+                            "{LIMIT_MARK} more than {} entries",
+                            self.max
+                        )));
+                    }
                     if !seen.insert(key.clone()) {
                         return Err(de::Error::custom(format!("duplicate key `{key}`")));
                     }
@@ -48,8 +67,29 @@ impl<'de> Deserialize<'de> for Entries {
                 Ok(Entries(entries))
             }
         }
-        deserializer.deserialize_map(EntriesVisitor)
+        deserializer.deserialize_map(EntriesVisitor { max: self.max })
     }
+}
+
+/// Marks a serde error raised by a limit, so it maps to `LimitExceeded`.
+const LIMIT_MARK: &str = "limit:";
+
+/// Parses a JSON object into at most `max` entries.
+fn parse_entries(json: &str, max: usize, what: &str) -> Result<Entries> {
+    let mut deserializer = serde_json::Deserializer::from_str(json);
+    let entries = de::DeserializeSeed::deserialize(CappedEntries { max }, &mut deserializer)
+        .and_then(|entries| deserializer.end().map(|()| entries));
+    entries.map_err(|e| {
+        let message = format!("{what}: {e}");
+        if message.contains(LIMIT_MARK) {
+            Error::new(
+                ErrorKind::LimitExceeded,
+                message.replace(LIMIT_MARK, "").replace("  ", " "),
+            )
+        } else {
+            Error::corrupt(message)
+        }
+    })
 }
 
 #[derive(Deserialize)]
@@ -70,14 +110,29 @@ pub(crate) fn decode(
     let json = std::str::from_utf8(header)
         .map_err(|_| Error::corrupt("safetensors header is not UTF-8"))?;
     // The writer pads the header with spaces to a multiple of 8.
-    let Entries(entries) = serde_json::from_str(json.trim_end_matches(' '))
-        .map_err(|e| Error::corrupt(format!("safetensors header: {e}")))?;
+    // One entry more than the tensor limit leaves room for `__metadata__`.
+    let Entries(entries) = parse_entries(
+        json.trim_end_matches(' '),
+        limits.max_tensor_count + 1,
+        "safetensors header",
+    )?;
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::new();
     for (name, raw) in entries {
         if name == METADATA_KEY {
-            metadata = serde_json::from_str(raw.get())
-                .map_err(|e| Error::corrupt(format!("safetensors `{METADATA_KEY}`: {e}")))?;
+            let Entries(pairs) = parse_entries(
+                raw.get(),
+                limits.max_tensor_count,
+                "safetensors `__metadata__`",
+            )?;
+            for (key, value) in pairs {
+                let value: String = serde_json::from_str(value.get()).map_err(|e| {
+                    Error::corrupt(format!(
+                        "safetensors `{METADATA_KEY}` value of `{key}`: {e}"
+                    ))
+                })?;
+                metadata.insert(key, value);
+            }
             continue;
         }
         if tensors.len() == limits.max_tensor_count {
