@@ -151,16 +151,32 @@ fn gib_per_s(bytes: u64, time: Duration) -> f64 {
     bytes as f64 / (1u64 << 30) as f64 / time.as_secs_f64().max(1e-12)
 }
 
-/// Runs `ours` and `peer` alternately `runs` times and keeps the medians.
+/// Runs `ours` and `peer` `runs` times each, alternating which goes first and syncing the disk
+/// before each, so that neither inherits the other's leftovers (dirty pages, freed blocks), and
+/// keeps the medians.
 fn paired(
     runs: usize,
     mut ours: impl FnMut() -> Result<Duration>,
     mut peer: impl FnMut() -> Result<Duration>,
 ) -> Result<(Duration, Duration)> {
+    // Write back what earlier runs left dirty before each timed run, outside the timing, so a
+    // run never pays for its predecessor's writeback.
+    let settle = || {
+        let _ = std::process::Command::new("sync").status();
+    };
     let (mut a, mut b) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
-        a.push(ours()?);
-        b.push(peer()?);
+    for run in 0..runs {
+        if run % 2 == 0 {
+            settle();
+            a.push(ours()?);
+            settle();
+            b.push(peer()?);
+        } else {
+            settle();
+            b.push(peer()?);
+            settle();
+            a.push(ours()?);
+        }
     }
     Ok((median(a), median(b)))
 }
