@@ -181,6 +181,103 @@ fn paired(
     Ok((median(a), median(b)))
 }
 
+/// Times `ours` against `peer` (see [`paired`]) and records the row.
+fn compare(
+    rows: &mut Vec<Row>,
+    runs: usize,
+    case: &str,
+    bytes: u64,
+    peer_name: &str,
+    mut ours: impl FnMut() -> Result<()>,
+    mut peer: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let (ours, peer) = paired(runs, || timed(&mut ours), || timed(&mut peer))?;
+    push(
+        rows,
+        Row {
+            case: case.to_owned(),
+            ours,
+            peer: Some((peer_name.to_owned(), peer)),
+            bytes,
+        },
+    );
+    Ok(())
+}
+
+/// Times `f` alone `runs` times, records the median, and returns it.
+fn alone(
+    rows: &mut Vec<Row>,
+    runs: usize,
+    case: &str,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Duration> {
+    let time = median((0..runs).map(|_| timed(&mut f)).collect::<Result<_>>()?);
+    push(
+        rows,
+        Row {
+            case: case.to_owned(),
+            ours: time,
+            peer: None,
+            bytes: 0,
+        },
+    );
+    Ok(time)
+}
+
+/// Reads every tensor of `reader` in place, directly or as WeightSource components.
+fn touch_all(reader: &Reader, through_components: bool) -> Result<()> {
+    let mut sum = 0;
+    for info in reader.tensors() {
+        let bytes = if through_components {
+            let spec = WeightComponentSpec::dense(
+                info.name(),
+                info.shape().to_vec(),
+                info.dtype().clone(),
+            );
+            reader
+                .component(&spec)?
+                .ok_or_else(|| Error::invalid("a listed tensor is missing"))?
+                .bytes
+        } else {
+            reader.bytes(info.name())?
+        };
+        sum += touch(bytes.read(AccessPolicy::ZeroCopy)?);
+    }
+    black_box(sum);
+    Ok(())
+}
+
+/// The peer for uploads: raw object_store `WriteMultipart` with our part size and parts in
+/// flight.
+struct RawUpload<'a> {
+    runtime: &'a tokio::runtime::Runtime,
+    part: usize,
+    in_flight: usize,
+}
+
+impl RawUpload<'_> {
+    fn upload(
+        &self,
+        store: &Arc<dyn object_store::ObjectStore>,
+        location: &object_store::path::Path,
+        bytes: &[u8],
+    ) -> Result<()> {
+        self.runtime
+            .block_on(async {
+                use object_store::ObjectStoreExt;
+                let upload = store.put_multipart(location).await?;
+                let mut write =
+                    object_store::WriteMultipart::new_with_chunk_size(upload, self.part);
+                for chunk in bytes.chunks(8 << 20) {
+                    write.wait_for_capacity(self.in_flight).await?;
+                    write.write(chunk);
+                }
+                write.finish().await.map(drop)
+            })
+            .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
+    }
+}
+
 fn timed(f: impl FnOnce() -> Result<()>) -> Result<Duration> {
     let start = Instant::now();
     f()?;
@@ -314,37 +411,28 @@ pub fn run(args: &Args) -> Result<()> {
     );
 
     if wanted("into_bytes") {
-        let (ours, peer) = paired(
+        compare(
+            &mut rows,
             runs,
+            "into_bytes (trailer on)",
+            big.bytes(),
+            "memcpy into fresh memory",
             || {
-                timed(|| {
-                    Writer::new(big.ours())
-                        .into_bytes()
-                        .map(|b| drop(black_box(b)))
-                })
+                Writer::new(big.ours())
+                    .into_bytes()
+                    .map(|b| drop(black_box(b)))
             },
             || {
-                timed(|| {
-                    let mut out = vec![0u8; big.bytes() as usize];
-                    let mut at = 0;
-                    for (_, data) in &big.tensors {
-                        out[at..at + data.len()].copy_from_slice(data);
-                        at += data.len();
-                    }
-                    black_box(out);
-                    Ok(())
-                })
+                let mut out = vec![0u8; big.bytes() as usize];
+                let mut at = 0;
+                for (_, data) in &big.tensors {
+                    out[at..at + data.len()].copy_from_slice(data);
+                    at += data.len();
+                }
+                black_box(out);
+                Ok(())
             },
         )?;
-        push(
-            &mut rows,
-            Row {
-                case: "into_bytes (trailer on)".into(),
-                ours,
-                peer: Some(("memcpy into fresh memory".into(), peer)),
-                bytes: big.bytes(),
-            },
-        );
     }
     if wanted("plan") {
         let tensors: Vec<Tensor> = (0..100_000)
@@ -359,117 +447,69 @@ pub fn run(args: &Args) -> Result<()> {
             })
             .collect();
         let writer = Writer::new(tensors);
-        let time = median(
-            (0..runs)
-                .map(|_| {
-                    timed(|| {
-                        writer.size().map(|s| {
-                            black_box(s);
-                        })
-                    })
-                })
-                .collect::<Result<_>>()?,
-        );
-        println!("  plan 100,000 tensors: {:.1} ms", time.as_secs_f64() * 1e3);
-        push(
-            &mut rows,
-            Row {
-                case: "plan 100k tensors".into(),
-                ours: time,
-                peer: None,
-                bytes: 0,
-            },
-        );
+        alone(&mut rows, runs, "plan 100k tensors", || {
+            writer.size().map(|s| {
+                black_box(s);
+            })
+        })?;
     }
     if wanted("open") {
         let tensors: Vec<Tensor> = (0..20_000)
             .map(|i| Tensor::new(format!("blocks.{i}.weight"), DType::U8, [4], vec![1u8; 4]))
             .collect();
         let bytes = bytes::Bytes::from(Writer::new(tensors).into_bytes()?);
-        let time = median(
-            (0..runs)
-                .map(|_| timed(|| Reader::from_bytes(bytes.clone()).map(|r| drop(black_box(r)))))
-                .collect::<Result<_>>()?,
-        );
+        let time = alone(&mut rows, runs, "open 20k-tensor index", || {
+            Reader::from_bytes(bytes.clone()).map(|r| drop(black_box(r)))
+        })?;
         println!(
             "  open a 20,000-tensor container (index only): {:.3} µs per tensor",
             time.as_secs_f64() * 1e6 / 20_000.0
         );
-        push(
-            &mut rows,
-            Row {
-                case: "open 20k-tensor index".into(),
-                ours: time,
-                peer: None,
-                bytes: 0,
-            },
-        );
     }
     let local = LocalStorage::new(&dir);
+    let save_big = || {
+        Writer::new(big.ours())
+            .write_to(&local, "big.bpk")
+            .map(drop)
+    };
     if wanted("durable save") {
         let count = (big.bytes() >> 23).max(1);
-        let (ours, peer) = paired(
+        compare(
+            &mut rows,
             runs,
+            "durable save",
+            big.bytes(),
+            "dd bs=8M conv=fsync",
+            save_big,
             || {
-                timed(|| {
-                    Writer::new(big.ours())
-                        .write_to(&local, "big.bpk")
-                        .map(drop)
-                })
-            },
-            || {
-                timed(|| {
-                    let status = std::process::Command::new("dd")
-                        .args([
-                            "if=/dev/zero",
-                            &format!("of={}", dir.join("dd.bin").display()),
-                            "bs=8M",
-                            &format!("count={count}"),
-                            "conv=fsync",
-                            "status=none",
-                        ])
-                        .status()
-                        .map_err(io("running dd"))?;
-                    if status.success() {
-                        Ok(())
-                    } else {
-                        Err(Error::invalid("dd failed"))
-                    }
-                })
+                let status = std::process::Command::new("dd")
+                    .args([
+                        "if=/dev/zero",
+                        &format!("of={}", dir.join("dd.bin").display()),
+                        "bs=8M",
+                        &format!("count={count}"),
+                        "conv=fsync",
+                        "status=none",
+                    ])
+                    .status()
+                    .map_err(io("running dd"))?;
+                if status.success() {
+                    Ok(())
+                } else {
+                    Err(Error::invalid("dd failed"))
+                }
             },
         )?;
-        push(
-            &mut rows,
-            Row {
-                case: "durable save".into(),
-                ours,
-                peer: Some(("dd bs=8M conv=fsync".into(), peer)),
-                bytes: big.bytes(),
-            },
-        );
         #[cfg(feature = "peers")]
-        {
-            let (ours, peer) = paired(
-                runs,
-                || {
-                    timed(|| {
-                        Writer::new(big.ours())
-                            .write_to(&local, "big.bpk")
-                            .map(drop)
-                    })
-                },
-                || timed(|| peers::burn_pack_save(&big, &dir.join("burn.bpk"))),
-            )?;
-            push(
-                &mut rows,
-                Row {
-                    case: "durable save".into(),
-                    ours,
-                    peer: Some(("burn-pack write_to_file".into(), peer)),
-                    bytes: big.bytes(),
-                },
-            );
-        }
+        compare(
+            &mut rows,
+            runs,
+            "durable save",
+            big.bytes(),
+            "burn-pack write_to_file",
+            save_big,
+            || peers::burn_pack_save(&big, &dir.join("burn.bpk")),
+        )?;
         let rss = rss_of("local", args.size_mib, &dir)?;
         println!(
             "  peak RSS saving {} MiB of deferred 16 MiB tensors durably: {} MiB (bound: largest tensor + 16 MiB = 32 MiB above the process's base)",
@@ -480,153 +520,89 @@ pub fn run(args: &Args) -> Result<()> {
     #[cfg(feature = "peers")]
     if wanted("small tensors") {
         let small = Data::small();
-        let (ours, burn) = paired(
-            runs,
-            || {
-                timed(|| {
-                    Writer::new(small.ours())
-                        .write_to(&local, "small.bpk")
-                        .map(drop)
-                })
-            },
-            || timed(|| peers::burn_pack_save(&small, &dir.join("small-burn.bpk"))),
-        )?;
-        push(
+        let save_small = || {
+            Writer::new(small.ours())
+                .write_to(&local, "small.bpk")
+                .map(drop)
+        };
+        compare(
             &mut rows,
-            Row {
-                case: "20k small tensors, durable".into(),
-                ours,
-                peer: Some(("burn-pack write_to_file".into(), burn)),
-                bytes: small.bytes(),
-            },
-        );
-        let (ours, st) = paired(
             runs,
-            || {
-                timed(|| {
-                    Writer::new(small.ours())
-                        .write_to(&local, "small.bpk")
-                        .map(drop)
-                })
-            },
-            || timed(|| peers::safetensors_save(&small, &dir.join("small.safetensors"))),
+            "20k small tensors, durable",
+            small.bytes(),
+            "burn-pack write_to_file",
+            save_small,
+            || peers::burn_pack_save(&small, &dir.join("small-burn.bpk")),
         )?;
-        push(
+        compare(
             &mut rows,
-            Row {
-                case: "20k small tensors, durable".into(),
-                ours,
-                peer: Some(("safetensors serialize_to_file + fsync".into(), st)),
-                bytes: small.bytes(),
-            },
-        );
+            runs,
+            "20k small tensors, durable",
+            small.bytes(),
+            "safetensors serialize_to_file + fsync",
+            save_small,
+            || peers::safetensors_save(&small, &dir.join("small.safetensors")),
+        )?;
     }
-    Writer::new(big.ours()).write_to(&local, "big.bpk")?;
+    save_big()?;
     Writer::new(big.ours())
         .with_format(Format::Safetensors)
         .write_to(&local, "big.safetensors")?;
     #[cfg(feature = "peers")]
     if wanted("mmap load") {
         let mmap = MmapStorage::new(&dir);
-        let (ours, peer) = paired(
-            runs,
-            || {
-                timed(|| {
-                    let reader = Reader::open(mmap.open("big.bpk")?)?;
-                    let mut sum = 0;
-                    for info in reader.tensors() {
-                        sum += touch(reader.bytes(info.name())?.read(AccessPolicy::ZeroCopy)?);
-                    }
-                    black_box(sum);
-                    Ok(())
-                })
-            },
-            || timed(|| peers::safetensors_mmap_touch(&dir.join("big.safetensors"))),
-        )?;
-        push(
+        let safetensors_peer = || peers::safetensors_mmap_touch(&dir.join("big.safetensors"));
+        compare(
             &mut rows,
-            Row {
-                case: "mmap open + touch every byte".into(),
-                ours,
-                peer: Some(("safetensors crate over memmap2".into(), peer)),
-                bytes: big.bytes(),
-            },
-        );
-        let (ours, peer) = paired(
             runs,
-            || {
-                timed(|| {
-                    let reader = Reader::open(mmap.open("big.safetensors")?)?;
-                    let mut sum = 0;
-                    for info in reader.tensors() {
-                        let spec = WeightComponentSpec::dense(
-                            info.name(),
-                            info.shape().to_vec(),
-                            info.dtype().clone(),
-                        );
-                        let payload = reader
-                            .component(&spec)?
-                            .ok_or_else(|| Error::invalid("missing"))?;
-                        sum += touch(payload.bytes.read(AccessPolicy::ZeroCopy)?);
-                    }
-                    black_box(sum);
-                    Ok(())
-                })
-            },
-            || timed(|| peers::safetensors_mmap_touch(&dir.join("big.safetensors"))),
+            "mmap open + touch every byte",
+            big.bytes(),
+            "safetensors crate over memmap2",
+            || touch_all(&Reader::open(mmap.open("big.bpk")?)?, false),
+            safetensors_peer,
         )?;
-        push(
+        compare(
             &mut rows,
-            Row {
-                case: "WeightSource components over mmap (safetensors)".into(),
-                ours,
-                peer: Some(("safetensors crate over memmap2".into(), peer)),
-                bytes: big.bytes(),
-            },
-        );
+            runs,
+            "WeightSource components over mmap (safetensors)",
+            big.bytes(),
+            "safetensors crate over memmap2",
+            || touch_all(&Reader::open(mmap.open("big.safetensors")?)?, true),
+            safetensors_peer,
+        )?;
     }
     if wanted("pread") {
-        let (ours, peer) = paired(
+        compare(
+            &mut rows,
             runs,
+            "pread every tensor into fresh buffers",
+            big.bytes(),
+            "sequential read into fresh buffers",
             || {
-                timed(|| {
-                    let reader = Reader::open(local.open("big.bpk")?)?;
-                    for info in reader.tensors() {
-                        black_box(reader.read(info.name())?);
-                    }
-                    Ok(())
-                })
+                let reader = Reader::open(local.open("big.bpk")?)?;
+                for info in reader.tensors() {
+                    black_box(reader.read(info.name())?);
+                }
+                Ok(())
             },
             || {
-                timed(|| {
-                    let reader = Reader::open(local.open("big.bpk")?)?;
-                    let mut file =
-                        std::fs::File::open(dir.join("big.bpk")).map_err(io("opening"))?;
-                    let mut position = 0u64;
-                    let mut in_file_order: Vec<_> = reader.tensors().iter().collect();
-                    in_file_order.sort_by_key(|info| info.range().start);
-                    for info in in_file_order {
-                        let range = info.range();
-                        let mut skip = vec![0u8; (range.start.saturating_sub(position)) as usize];
-                        file.read_exact(&mut skip).map_err(io("reading"))?;
-                        let mut buf = vec![0u8; info.byte_len() as usize];
-                        file.read_exact(&mut buf).map_err(io("reading"))?;
-                        black_box(buf);
-                        position = range.end;
-                    }
-                    Ok(())
-                })
+                let reader = Reader::open(local.open("big.bpk")?)?;
+                let mut file = std::fs::File::open(dir.join("big.bpk")).map_err(io("opening"))?;
+                let mut position = 0u64;
+                let mut in_file_order: Vec<_> = reader.tensors().iter().collect();
+                in_file_order.sort_by_key(|info| info.range().start);
+                for info in in_file_order {
+                    let range = info.range();
+                    let mut skip = vec![0u8; (range.start.saturating_sub(position)) as usize];
+                    file.read_exact(&mut skip).map_err(io("reading"))?;
+                    let mut buf = vec![0u8; info.byte_len() as usize];
+                    file.read_exact(&mut buf).map_err(io("reading"))?;
+                    black_box(buf);
+                    position = range.end;
+                }
+                Ok(())
             },
         )?;
-        push(
-            &mut rows,
-            Row {
-                case: "pread every tensor into fresh buffers".into(),
-                ours,
-                peer: Some(("sequential read into fresh buffers".into(), peer)),
-                bytes: big.bytes(),
-            },
-        );
     }
     if wanted("object store") {
         let options = ObjectStoreOptions::default();
@@ -639,121 +615,85 @@ pub fn run(args: &Args) -> Result<()> {
             .enable_all()
             .build()
             .map_err(io("runtime"))?;
-        let (ours, peer) = paired(
+        let raw = RawUpload {
+            runtime: &runtime,
+            part,
+            in_flight: options.parts_in_flight,
+        };
+        let container = Writer::new(big.ours()).into_bytes()?;
+        compare(
+            &mut rows,
             runs,
+            "object store save (InMemory)",
+            big.bytes(),
+            "raw object_store WriteMultipart",
             || {
-                timed(|| {
-                    Writer::new(big.ours())
-                        .write_to(&storage, "ours.bpk")
-                        .map(drop)
-                })
+                Writer::new(big.ours())
+                    .write_to(&storage, "ours.bpk")
+                    .map(drop)
             },
             || {
-                let bytes = Writer::new(big.ours()).into_bytes()?;
-                let store = Arc::clone(&store);
-                timed(|| {
-                    runtime
-                        .block_on(async move {
-                            use object_store::ObjectStoreExt;
-                            let upload = store
-                                .put_multipart(&object_store::path::Path::from("raw.bpk"))
-                                .await?;
-                            let mut write =
-                                object_store::WriteMultipart::new_with_chunk_size(upload, part);
-                            for chunk in bytes.chunks(8 << 20) {
-                                write.wait_for_capacity(options.parts_in_flight).await?;
-                                write.write(chunk);
-                            }
-                            write.finish().await.map(drop)
-                        })
-                        .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
-                })
+                raw.upload(
+                    &store,
+                    &object_store::path::Path::from("raw.bpk"),
+                    &container,
+                )
             },
         )?;
-        push(
-            &mut rows,
-            Row {
-                case: "object store save (InMemory)".into(),
-                ours,
-                peer: Some(("raw object_store WriteMultipart".into(), peer)),
-                bytes: big.bytes(),
-            },
-        );
         // Loading is measured against the S3 server when one is running: an in-memory store
         // hands out slices of its own buffer, which measures nothing.
-        let (load_storage, load_store, label) = match std::env::var("WEIGHTBAY_S3_URL") {
+        let (load_storage, label) = match std::env::var("WEIGHTBAY_S3_URL") {
             Ok(url) => {
                 let remote = weightbay_object_store::open_url(
                     &format!("{url}/bench"),
                     std::iter::empty::<(&str, &str)>(),
                 )?;
                 Writer::new(big.ours()).write_to(&remote, "ours.bpk")?;
-                let store = Arc::clone(remote.store());
-                (remote, store, "S3 server")
+                (remote, "S3 server")
             }
-            Err(_) => (storage, Arc::clone(&store), "InMemory"),
+            Err(_) => (storage, "InMemory"),
         };
+        let load_store = Arc::clone(load_storage.store());
         let location = load_storage.prefix().clone().join("ours.bpk");
         let request_len = args.fetch_request_mib << 20;
-        let (ours, peer) = paired(
+        // Opening (one GET for header and metadata) is left out of both sides' timing.
+        let source = load_storage.open_object("ours.bpk")?;
+        let ranges: Vec<_> = Reader::open(Arc::new(source.clone()))?
+            .tensors()
+            .iter()
+            .map(|t| t.range())
+            .collect();
+        compare(
+            &mut rows,
             runs,
+            &format!("object store load every tensor ({label})"),
+            big.bytes(),
+            "raw object_store get_ranges",
             || {
-                // Opening (one GET for header and metadata) is left out, as for the peer.
-                let source = load_storage.open_object("ours.bpk")?;
-                let reader = Reader::open(Arc::new(source.clone()))?;
-                let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
-                timed(|| {
-                    black_box(source.fetch(&ranges, request_len, options.fetch_budget)?);
-                    Ok(())
-                })
+                source
+                    .fetch(&ranges, request_len, options.fetch_budget)
+                    .map(|b| drop(black_box(b)))
             },
             || {
-                let reader = Reader::open(load_storage.open("ours.bpk")?)?;
-                let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
-                let (store, location) = (Arc::clone(&load_store), location.clone());
-                timed(|| {
-                    runtime
-                        .block_on(async move { store.get_ranges(&location, &ranges).await })
-                        .map(|b| drop(black_box(b)))
-                        .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
-                })
+                runtime
+                    .block_on(load_store.get_ranges(&location, &ranges))
+                    .map(|b| drop(black_box(b)))
+                    .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
             },
         )?;
-        push(
-            &mut rows,
-            Row {
-                case: format!("object store load every tensor ({label})"),
-                ours,
-                peer: Some(("raw object_store get_ranges".into(), peer)),
-                bytes: big.bytes(),
-            },
-        );
         if std::env::var("WEIGHTBAY_S3_URL").is_ok() {
             // Client CPU (user + system) per GiB written to the S3 server, against raw
             // object_store's WriteMultipart with the same part size and parts in flight.
-            let (ours_cpu, raw_cpu) = {
-                let before = cpu_time();
-                Writer::new(big.ours()).write_to(&load_storage, "cpu.bpk")?;
-                let ours = cpu_time() - before;
-                let bytes = Writer::new(big.ours()).into_bytes()?;
-                let store = Arc::clone(&load_store);
-                let location = load_storage.prefix().clone().join("raw-cpu.bpk");
-                let before = cpu_time();
-                runtime
-                    .block_on(async move {
-                        use object_store::ObjectStoreExt;
-                        let upload = store.put_multipart(&location).await?;
-                        let mut write =
-                            object_store::WriteMultipart::new_with_chunk_size(upload, part);
-                        for chunk in bytes.chunks(8 << 20) {
-                            write.wait_for_capacity(options.parts_in_flight).await?;
-                            write.write(chunk);
-                        }
-                        write.finish().await.map(drop)
-                    })
-                    .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))?;
-                (ours, cpu_time() - before)
-            };
+            let before = cpu_time();
+            Writer::new(big.ours()).write_to(&load_storage, "cpu.bpk")?;
+            let ours_cpu = cpu_time() - before;
+            let before = cpu_time();
+            raw.upload(
+                &load_store,
+                &load_storage.prefix().clone().join("raw-cpu.bpk"),
+                &container,
+            )?;
+            let raw_cpu = cpu_time() - before;
             let gib = big.bytes() as f64 / (1u64 << 30) as f64;
             println!(
                 "  client CPU per GiB to the S3 server: {:.2} s, raw object_store {:.2} s = {:.2}x raw's",

@@ -181,12 +181,8 @@ impl Reader {
                 "metadata claims {metadata_len} bytes but the container has only {len}"
             )));
         }
-        if metadata_end > prefix.len() as u64 {
-            // Bounded by the source's length (checked above) and the metadata limit.
-            let mut rest = vec![0; (metadata_end - prefix.len() as u64) as usize];
-            source.read_at(prefix.len() as u64, &mut rest)?;
-            prefix.extend_from_slice(&rest);
-        }
+        // Bounded by the source's length and the metadata limit, both checked above.
+        extend_prefix(source.as_ref(), &mut prefix, metadata_end)?;
         let metadata = cbor::decode(
             &prefix[HEADER_LEN as usize..metadata_end as usize],
             &limits,
@@ -263,12 +259,8 @@ impl Reader {
                 "safetensors header claims {header_len} bytes but the file has only {len}"
             )));
         }
-        if data_start > prefix.len() as u64 {
-            // Bounded by the source's length and the header limit, both checked above.
-            let mut rest = vec![0; (data_start - prefix.len() as u64) as usize];
-            source.read_at(prefix.len() as u64, &mut rest)?;
-            prefix.extend_from_slice(&rest);
-        }
+        // Bounded by the source's length and the header limit, both checked above.
+        extend_prefix(source.as_ref(), &mut prefix, data_start)?;
         let (descriptors, mut metadata) =
             safetensors::decode(&prefix[LEN_FIELD as usize..data_start as usize], &limits)?;
         drop(prefix);
@@ -538,6 +530,17 @@ fn crc_of(
         offset += step as u64;
     }
     Ok(crc)
+}
+
+/// Reads the rest of a header that did not fit in the first read, up to `end` (which the
+/// caller has checked against the source's length and the limits).
+fn extend_prefix(source: &dyn Source, prefix: &mut Vec<u8>, end: u64) -> Result<()> {
+    let start = prefix.len() as u64;
+    if end > start {
+        prefix.resize(end as usize, 0);
+        source.read_at(start, &mut prefix[start as usize..])?;
+    }
+    Ok(())
 }
 
 /// Moves the scalars that travel in safetensors metadata (see [`SCALAR_METADATA_PREFIX`])
