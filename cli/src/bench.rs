@@ -34,7 +34,8 @@ pub struct Args {
     /// Also write the rows as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
-    /// The largest coalesced GET when loading from an object store, in MiB.
+    /// Also load from the object store with coalesced GETs of at most this many MiB (the
+    /// default for remote stores), beside the storage's own setting.
     #[arg(long, default_value_t = 64)]
     fetch_request_mib: u64,
     /// Internal: measure the peak RSS of one save in a fresh process.
@@ -604,7 +605,15 @@ pub fn run(args: &Args) -> Result<()> {
             },
         )?;
     }
-    if wanted("object store") {
+    if [
+        "object store save",
+        "object store load",
+        "object store cpu",
+        "object store rss",
+    ]
+    .into_iter()
+    .any(wanted)
+    {
         let options = ObjectStoreOptions::default();
         let part = options.part_size_for(Some(big.bytes()));
         let store: Arc<dyn object_store::ObjectStore> =
@@ -621,25 +630,27 @@ pub fn run(args: &Args) -> Result<()> {
             in_flight: options.parts_in_flight,
         };
         let container = Writer::new(big.ours()).into_bytes()?;
-        compare(
-            &mut rows,
-            runs,
-            "object store save (InMemory)",
-            big.bytes(),
-            "raw object_store WriteMultipart",
-            || {
-                Writer::new(big.ours())
-                    .write_to(&storage, "ours.bpk")
-                    .map(drop)
-            },
-            || {
-                raw.upload(
-                    &store,
-                    &object_store::path::Path::from("raw.bpk"),
-                    &container,
-                )
-            },
-        )?;
+        if wanted("object store save") {
+            compare(
+                &mut rows,
+                runs,
+                "object store save (InMemory)",
+                big.bytes(),
+                "raw object_store WriteMultipart",
+                || {
+                    Writer::new(big.ours())
+                        .write_to(&storage, "ours.bpk")
+                        .map(drop)
+                },
+                || {
+                    raw.upload(
+                        &store,
+                        &object_store::path::Path::from("raw.bpk"),
+                        &container,
+                    )
+                },
+            )?;
+        }
         // Loading is measured against the S3 server when one is running: an in-memory store
         // hands out slices of its own buffer, which measures nothing.
         let (load_storage, label) = match std::env::var("WEIGHTBAY_S3_URL") {
@@ -654,46 +665,79 @@ pub fn run(args: &Args) -> Result<()> {
             Err(_) => (storage, "InMemory"),
         };
         let load_store = Arc::clone(load_storage.store());
-        let location = load_storage.prefix().clone().join("ours.bpk");
-        let request_len = args.fetch_request_mib << 20;
-        // Opening (one GET for header and metadata) is left out of both sides' timing.
-        let source = load_storage.open_object("ours.bpk")?;
-        let ranges: Vec<_> = Reader::open(Arc::new(source.clone()))?
-            .tensors()
-            .iter()
-            .map(|t| t.range())
-            .collect();
-        compare(
-            &mut rows,
-            runs,
-            &format!("object store load every tensor ({label})"),
-            big.bytes(),
-            "raw object_store get_ranges",
-            || {
-                source
-                    .fetch(&ranges, request_len, options.fetch_budget)
-                    .map(|b| drop(black_box(b)))
-            },
-            || {
-                runtime
-                    .block_on(load_store.get_ranges(&location, &ranges))
-                    .map(|b| drop(black_box(b)))
-                    .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
-            },
-        )?;
-        if std::env::var("WEIGHTBAY_S3_URL").is_ok() {
+        if wanted("object store load") {
+            let location = load_storage.prefix().clone().join("ours.bpk");
+            let configured = load_storage.options().fetch_request_len;
+            let forced = Some(args.fetch_request_mib << 20);
+            let describe = |request_len: Option<u64>| {
+                request_len.map_or("one request per run".to_owned(), |len| {
+                    format!("{} MiB requests", len >> 20)
+                })
+            };
+            let mut settings = vec![(configured, format!("{}, default", describe(configured)))];
+            if forced != configured {
+                settings.push((forced, describe(forced)));
+            }
+            for (fetch_request_len, setting) in settings {
+                let storage = load_storage.clone().with_options(ObjectStoreOptions {
+                    fetch_request_len,
+                    ..*load_storage.options()
+                });
+                // Opening (one GET for header and metadata) is left out of both sides' timing.
+                let source = storage.open_object("ours.bpk")?;
+                let ranges: Vec<_> = Reader::open(Arc::new(source.clone()))?
+                    .tensors()
+                    .iter()
+                    .map(|t| t.range())
+                    .collect();
+                compare(
+                    &mut rows,
+                    runs,
+                    &format!("object store load every tensor ({label}, {setting})"),
+                    big.bytes(),
+                    "raw object_store get_ranges",
+                    || source.fetch(&ranges).map(|b| drop(black_box(b))),
+                    || {
+                        runtime
+                            .block_on(load_store.get_ranges(&location, &ranges))
+                            .map(|b| drop(black_box(b)))
+                            .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
+                    },
+                )?;
+            }
+        }
+        if wanted("object store cpu") && std::env::var("WEIGHTBAY_S3_URL").is_ok() {
             // Client CPU (user + system) per GiB written to the S3 server, against raw
-            // object_store's WriteMultipart with the same part size and parts in flight.
-            let before = cpu_time();
-            Writer::new(big.ours()).write_to(&load_storage, "cpu.bpk")?;
-            let ours_cpu = cpu_time() - before;
-            let before = cpu_time();
-            raw.upload(
-                &load_store,
-                &load_storage.prefix().clone().join("raw-cpu.bpk"),
-                &container,
-            )?;
-            let raw_cpu = cpu_time() - before;
+            // object_store's WriteMultipart with the same part size and parts in flight;
+            // alternating which goes first, medians of the runs.
+            let cpu_of = |upload: &dyn Fn() -> Result<()>| -> Result<Duration> {
+                let before = cpu_time();
+                upload()?;
+                Ok(cpu_time() - before)
+            };
+            let ours = || {
+                Writer::new(big.ours())
+                    .write_to(&load_storage, "cpu.bpk")
+                    .map(drop)
+            };
+            let theirs = || {
+                raw.upload(
+                    &load_store,
+                    &load_storage.prefix().clone().join("raw-cpu.bpk"),
+                    &container,
+                )
+            };
+            let (mut ours_runs, mut raw_runs) = (Vec::new(), Vec::new());
+            for run in 0..runs {
+                if run % 2 == 0 {
+                    ours_runs.push(cpu_of(&ours)?);
+                    raw_runs.push(cpu_of(&theirs)?);
+                } else {
+                    raw_runs.push(cpu_of(&theirs)?);
+                    ours_runs.push(cpu_of(&ours)?);
+                }
+            }
+            let (ours_cpu, raw_cpu) = (median(ours_runs), median(raw_runs));
             let gib = big.bytes() as f64 / (1u64 << 30) as f64;
             println!(
                 "  client CPU per GiB to the S3 server: {:.2} s, raw object_store {:.2} s = {:.2}x raw's",
@@ -701,6 +745,8 @@ pub fn run(args: &Args) -> Result<()> {
                 raw_cpu.as_secs_f64() / gib,
                 ours_cpu.as_secs_f64() / raw_cpu.as_secs_f64().max(1e-9)
             );
+        }
+        if wanted("object store rss") && std::env::var("WEIGHTBAY_S3_URL").is_ok() {
             for (case, size) in [
                 ("s3", 256),
                 ("s3", args.size_mib),

@@ -526,7 +526,7 @@ fn crc_of(
             };
             return Err(error.with_offset(offset + at as u64));
         }
-        crc = crc32c::crc32c_append(crc, chunk);
+        crc = trailer::crc32c_append(crc, chunk);
         offset += step as u64;
     }
     Ok(crc)

@@ -524,20 +524,20 @@ impl<'a> Emitter<'a> {
         // trailer costs no time on top of the write.
         let sink = &mut self.sink;
         let data_crc = std::thread::scope(|scope| {
-            let checksum = scope.spawn(|| crc32c::crc32c(data));
+            let checksum = scope.spawn(|| trailer::crc32c(data));
             for chunk in data.chunks(WRITE_CHUNK_LEN) {
                 sink.write(chunk)?;
             }
-            // crc32c cannot panic; recomputing keeps this free of an unwrap all the same.
-            Ok::<u32, Error>(checksum.join().unwrap_or_else(|_| crc32c::crc32c(data)))
+            // The checksum cannot panic; recomputing keeps this free of an unwrap all the same.
+            Ok::<u32, Error>(checksum.join().unwrap_or_else(|_| trailer::crc32c(data)))
         })?;
-        self.crc = crc32c::crc32c_combine(self.crc, data_crc, data.len());
+        self.crc = trailer::crc32c_combine(self.crc, data_crc, data.len());
         Ok(())
     }
 
     fn checksum(&mut self, data: &[u8]) {
         if self.checksums {
-            self.crc = crc32c::crc32c_append(self.crc, data);
+            self.crc = trailer::crc32c_append(self.crc, data);
         }
     }
 

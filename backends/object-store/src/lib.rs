@@ -75,10 +75,16 @@ pub struct ObjectStoreOptions {
     pub durable: bool,
     /// Bytes [`ObjectSource::fetch`] keeps in flight at once. Default 256 MiB.
     pub fetch_budget: usize,
-    /// The largest request [`ObjectSource::fetch`] makes for coalesced ranges. Default 64 MiB:
-    /// large requests suit stores that are slow per request; parallel smaller ones suit S3's
-    /// per-connection limits (16 MiB is the usual advice there).
-    pub fetch_request_len: u64,
+    /// The largest request [`ObjectSource::fetch`] makes for coalesced ranges, or `None` for one
+    /// request per run of adjacent ranges (what `object_store`'s `get_ranges` makes).
+    ///
+    /// Default 64 MiB: a cloud store caps what one connection carries, so a long run loads
+    /// faster as parallel ranged GETs (16 MiB is the usual advice for S3). [`open_url`] picks
+    /// `None` for stores on this machine (`memory://`, `file://`, an endpoint on loopback such
+    /// as moto, MinIO or LocalStack), where there is no per-connection limit to spread over and
+    /// every extra request is work for the same cores; some emulators (moto) even read the
+    /// whole object for each ranged GET.
+    pub fetch_request_len: Option<u64>,
     /// Staged create-new uploads older than this are [`Storage::clean_pending`]'s to remove.
     /// Default one hour.
     pub stale_after: Duration,
@@ -91,7 +97,7 @@ impl Default for ObjectStoreOptions {
             parts_in_flight: 8,
             durable: false,
             fetch_budget: 256 * 1024 * 1024,
-            fetch_request_len: 64 * 1024 * 1024,
+            fetch_request_len: Some(64 * 1024 * 1024),
             stale_after: Duration::from_secs(3600),
         }
     }
@@ -206,6 +212,7 @@ impl ObjectStorage {
             path,
             key.to_owned(),
             self.bridge.clone(),
+            &self.options,
         )
     }
 
@@ -348,6 +355,8 @@ where
     let configure =
         |message: &str, e: object_store::Error| convert(message.to_owned(), e).with_key(url);
     let mut durable = true;
+    // Whether the store runs on this machine, which changes how loads are split.
+    let local;
     let store: Arc<dyn ObjectStore> = match scheme {
         ObjectStoreScheme::AmazonS3 => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -366,6 +375,9 @@ where
                 // Create-new of large containers needs a conditional copy.
                 builder = builder.with_config(AmazonS3ConfigKey::CopyIfNotExists, "multipart");
             }
+            local = builder
+                .get_config_value(&AmazonS3ConfigKey::Endpoint)
+                .is_some_and(|endpoint| is_loopback(&endpoint));
             Arc::new(
                 builder
                     .build()
@@ -384,6 +396,9 @@ where
                     .map_err(|e| configure("bad GCS option", e))?;
                 builder = builder.with_config(key, value);
             }
+            local = builder
+                .get_config_value(&GoogleConfigKey::BaseUrl)
+                .is_some_and(|endpoint| is_loopback(&endpoint));
             Arc::new(
                 builder
                     .build()
@@ -402,6 +417,12 @@ where
                     .map_err(|e| configure("bad Azure option", e))?;
                 builder = builder.with_config(key, value);
             }
+            local = builder
+                .get_config_value(&AzureConfigKey::UseEmulator)
+                .is_some_and(|on| on == "true")
+                || builder
+                    .get_config_value(&AzureConfigKey::Endpoint)
+                    .is_some_and(|endpoint| is_loopback(&endpoint));
             Arc::new(
                 builder
                     .build()
@@ -409,11 +430,11 @@ where
             )
         }
         ObjectStoreScheme::Local => {
-            durable = false;
+            (durable, local) = (false, true);
             Arc::new(object_store::local::LocalFileSystem::new())
         }
         ObjectStoreScheme::Memory => {
-            durable = false;
+            (durable, local) = (false, true);
             Arc::new(object_store::memory::InMemory::new())
         }
         other => {
@@ -424,11 +445,26 @@ where
             .with_key(url));
         }
     };
+    let defaults = ObjectStoreOptions::default();
     let options = ObjectStoreOptions {
         durable,
-        ..ObjectStoreOptions::default()
+        fetch_request_len: defaults.fetch_request_len.filter(|_| !local),
+        ..defaults
     };
     Ok(ObjectStorage::new(store)?
         .with_prefix(prefix.as_ref())?
         .with_options(options))
+}
+
+/// Whether `endpoint` (a URL) names this machine.
+fn is_loopback(endpoint: &str) -> bool {
+    match url::Url::parse(endpoint)
+        .ok()
+        .and_then(|url| url.host().map(|h| h.to_owned()))
+    {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
 }

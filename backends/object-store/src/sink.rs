@@ -1,7 +1,7 @@
 //! The multipart (or single-PUT) sink.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use object_store::path::Path;
 use object_store::{
@@ -23,6 +23,49 @@ struct Upload {
     parts: usize,
 }
 
+/// Part buffers the store has finished with, ready for the next part.
+///
+/// A long upload reuses the same few allocations instead of taking fresh memory for every part:
+/// faulting in fresh pages cost more client CPU than the upload itself (on this project's VM,
+/// about 0.4 s per GiB). A buffer comes back only when the store drops its payload, so the
+/// buffers in existence stay at the parts in flight plus the one filling.
+#[derive(Default)]
+struct SpareBuffers(Mutex<Vec<Vec<u8>>>);
+
+impl SpareBuffers {
+    fn take(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default()
+    }
+}
+
+/// A part's bytes on their way to the store; dropping them returns the buffer.
+struct PartBuffer {
+    data: Vec<u8>,
+    spares: Arc<SpareBuffers>,
+}
+
+impl AsRef<[u8]> for PartBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for PartBuffer {
+    fn drop(&mut self) {
+        let mut data = std::mem::take(&mut self.data);
+        data.clear();
+        self.spares
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(data);
+    }
+}
+
 pub(crate) struct ObjectSink {
     storage: ObjectStorage,
     key: String,
@@ -30,6 +73,7 @@ pub(crate) struct ObjectSink {
     create_new: bool,
     part_size: usize,
     buffer: Vec<u8>,
+    spares: Arc<SpareBuffers>,
     upload: Option<Upload>,
     written: u64,
     expected_len: Option<u64>,
@@ -74,6 +118,7 @@ impl ObjectSink {
             create_new,
             part_size,
             buffer: Vec::new(),
+            spares: Arc::default(),
             upload: None,
             written: 0,
             expected_len: options.expected_len,
@@ -142,8 +187,13 @@ impl ObjectSink {
                 wait_part(&bridge, part, handle).map_err(|e| e.with_key(&self.key))?;
             }
         }
-        let data = std::mem::replace(&mut self.buffer, Vec::with_capacity(self.part_size));
-        let future = upload.upload.put_part(PutPayload::from(data));
+        let part = PartBuffer {
+            data: std::mem::replace(&mut self.buffer, self.spares.take()),
+            spares: Arc::clone(&self.spares),
+        };
+        let future = upload
+            .upload
+            .put_part(PutPayload::from(bytes::Bytes::from_owner(part)));
         upload.parts += 1;
         upload
             .in_flight

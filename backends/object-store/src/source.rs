@@ -11,11 +11,14 @@ use weightbay::reader::OPEN_PREFIX_LEN;
 use weightbay::storage::check_range;
 use weightbay::{AllocationProperty, Bytes, Error, ErrorKind, LazyRegion, Result, Source};
 
-use crate::Bridge;
 use crate::error::convert;
+use crate::{Bridge, ObjectStoreOptions};
 
 /// Adjacent ranges closer than this are fetched in one request.
 const COALESCE_GAP: u64 = 1 << 20;
+/// The most requests [`ObjectSource::fetch`] keeps open at once, however small they are: more
+/// connections stop adding throughput long before this (`get_ranges` stops at 10).
+const MAX_REQUESTS_IN_FLIGHT: u64 = 16;
 
 struct Remote {
     store: Arc<dyn ObjectStore>,
@@ -27,6 +30,10 @@ struct Remote {
     /// The first bytes, fetched with the object's size and version in the opening request.
     prefix: bytes::Bytes,
     bridge: Bridge,
+    /// [`ObjectStoreOptions::fetch_request_len`] of the storage that opened it.
+    fetch_request_len: Option<u64>,
+    /// [`ObjectStoreOptions::fetch_budget`] of the storage that opened it.
+    fetch_budget: usize,
 }
 
 impl fmt::Debug for Remote {
@@ -123,6 +130,7 @@ impl ObjectSource {
         path: Path,
         key: String,
         bridge: Bridge,
+        options: &ObjectStoreOptions,
     ) -> Result<Self> {
         let request = (Arc::clone(&store), path.clone());
         let opened = bridge.run(async move {
@@ -153,6 +161,8 @@ impl ObjectSource {
             version: meta.version,
             prefix,
             bridge,
+            fetch_request_len: options.fetch_request_len,
+            fetch_budget: options.fetch_budget,
         })))
     }
 
@@ -167,18 +177,15 @@ impl ObjectSource {
     }
 
     /// Fetches `ranges` now and returns them resident, in the order given. Ranges closer than
-    /// 1 MiB are coalesced into requests of up to `request_len` bytes, which run in parallel
-    /// within `budget` bytes in flight; every request is pinned to the opened version.
-    /// [`ObjectStoreOptions`](crate::ObjectStoreOptions) holds defaults for both.
+    /// 1 MiB are coalesced into requests of up to
+    /// [`fetch_request_len`](ObjectStoreOptions::fetch_request_len) bytes, which run in
+    /// parallel within [`fetch_budget`](ObjectStoreOptions::fetch_budget) bytes in flight (at
+    /// least one request at a time); every request is pinned to the opened version.
     ///
     /// # Errors
     /// [`ErrorKind::OutOfRange`] for a range past the end; the store's error.
-    pub fn fetch(
-        &self,
-        ranges: &[Range<u64>],
-        request_len: u64,
-        budget: usize,
-    ) -> Result<Vec<Bytes>> {
+    pub fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        let request_len = self.0.fetch_request_len.unwrap_or(u64::MAX);
         for range in ranges {
             check_range(range, self.0.len)?;
         }
@@ -202,7 +209,12 @@ impl ObjectSource {
                 _ => groups.push((range.clone(), vec![i])),
             }
         }
-        let parallel = (budget as u64 / request_len.max(1)).max(1) as usize;
+        let largest = groups
+            .iter()
+            .map(|(range, _)| range.end - range.start)
+            .max();
+        let parallel = (self.0.fetch_budget as u64 / largest.unwrap_or(1).max(1))
+            .clamp(1, MAX_REQUESTS_IN_FLIGHT) as usize;
         let remote = Arc::clone(&self.0);
         let requests: Vec<(Range<u64>, GetOptions)> = groups
             .iter()

@@ -154,7 +154,7 @@ fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
     let reader = Reader::open(Arc::new(source.clone())).unwrap();
     let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
     store.gets.store(0, Ordering::SeqCst);
-    let fetched = source.fetch(&ranges, 1 << 20, 1 << 20).unwrap();
+    let fetched = source.fetch(&ranges).unwrap();
     assert_eq!(
         store.gets.load(Ordering::SeqCst),
         1,
@@ -168,10 +168,35 @@ fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
     Writer::new(tensors(10, 5001))
         .write_to(&storage, "m.bpk")
         .unwrap();
-    let err = source.fetch(&ranges, 1 << 20, 1 << 20).unwrap_err();
+    let err = source.fetch(&ranges).unwrap_err();
     assert!(err.to_string().contains("changed or vanished"), "{err}");
     // Bytes already fetched at open (this whole small container) stay the old version's.
     assert!(reader.read("t9").unwrap() == vec![9; 5000]);
+}
+
+#[test]
+fn fetch_splits_long_runs_at_the_request_length() {
+    let (store, storage) = counting();
+    let storage = storage.with_options(ObjectStoreOptions {
+        fetch_request_len: Some(12_000),
+        ..SMALL_PARTS
+    });
+    Writer::new(tensors(10, 5000))
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let source = storage.open_object("m.bpk").unwrap();
+    let reader = Reader::open(Arc::new(source.clone())).unwrap();
+    let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
+    store.gets.store(0, Ordering::SeqCst);
+    let fetched = source.fetch(&ranges).unwrap();
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        5,
+        "two 5000-byte tensors per 12,000-byte request"
+    );
+    for (info, bytes) in reader.tensors().iter().zip(&fetched) {
+        assert_eq!(bytes.to_vec().unwrap(), reader.read(info.name()).unwrap());
+    }
 }
 
 #[test]
@@ -186,7 +211,7 @@ fn empty_ranges_fetch_as_empty_bytes() {
     let source = storage.open_object("m.bpk").unwrap();
     let reader = Reader::open(Arc::new(source.clone())).unwrap();
     let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
-    let fetched = source.fetch(&ranges, 1 << 20, 1 << 20).unwrap();
+    let fetched = source.fetch(&ranges).unwrap();
     assert_eq!(fetched.iter().map(|b| b.len()).collect::<Vec<_>>(), [0, 1]);
 }
 
@@ -392,4 +417,35 @@ fn urls_and_their_errors() {
         .err()
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
+}
+
+/// Loads split long runs into parallel requests only for stores across a network.
+#[test]
+fn urls_choose_how_loads_are_split() {
+    let split = |url: &str, options: &[(&str, &str)]| {
+        weightbay_object_store::open_url(url, options.iter().copied())
+            .unwrap()
+            .options()
+            .fetch_request_len
+    };
+    let remote = ObjectStoreOptions::default().fetch_request_len;
+    assert!(remote.is_some());
+    assert_eq!(split("memory:///m", &[]), None);
+    assert_eq!(split("file:///tmp", &[]), None);
+    let s3 = |endpoint| {
+        split(
+            "s3://bucket/p",
+            &[
+                ("aws_endpoint", endpoint),
+                ("aws_region", "us-east-1"),
+                ("aws_access_key_id", "k"),
+                ("aws_secret_access_key", "s"),
+            ],
+        )
+    };
+    assert_eq!(s3("http://127.0.0.1:9000"), None);
+    assert_eq!(s3("http://localhost:9000"), None);
+    assert_eq!(s3("http://[::1]:9000"), None);
+    assert_eq!(s3("https://s3.example.com"), remote);
+    assert_eq!(s3("http://127.example.com"), remote);
 }

@@ -15,7 +15,7 @@ pub const SMALL_PARTS: ObjectStoreOptions = ObjectStoreOptions {
     parts_in_flight: 3,
     durable: false,
     fetch_budget: 1 << 20,
-    fetch_request_len: 1 << 20,
+    fetch_request_len: Some(1 << 20),
     stale_after: std::time::Duration::from_secs(3600),
 };
 
