@@ -120,10 +120,54 @@ struct Row {
     bytes: u64,
 }
 
-/// Records a row and prints it at once, so a long run shows its results as it goes.
-fn push(rows: &mut Vec<Row>, row: Row) {
-    println!("  {}", row_text(&row));
-    rows.push(row);
+/// The results so far, and how many paired runs each case gets.
+struct Table {
+    rows: Vec<Row>,
+    runs: usize,
+}
+
+impl Table {
+    /// Records a row and prints it at once, so a long run shows its results as it goes.
+    fn push(&mut self, row: Row) {
+        println!("  {}", row_text(&row));
+        self.rows.push(row);
+    }
+
+    /// Times `ours` against `peer` (see [`paired`]) and records the row.
+    fn compare(
+        &mut self,
+        start: Start,
+        case: &str,
+        bytes: u64,
+        peer_name: &str,
+        mut ours: impl FnMut() -> Result<()>,
+        mut peer: impl FnMut() -> Result<()>,
+    ) -> Result<()> {
+        let (ours, peer) = paired(self.runs, start, || timed(&mut ours), || timed(&mut peer))?;
+        self.push(Row {
+            case: case.to_owned(),
+            ours,
+            peer: Some((peer_name.to_owned(), peer)),
+            bytes,
+        });
+        Ok(())
+    }
+
+    /// Times `f` alone, records the median, and returns it.
+    fn alone(&mut self, case: &str, mut f: impl FnMut() -> Result<()>) -> Result<Duration> {
+        let time = median(
+            (0..self.runs)
+                .map(|_| timed(&mut f))
+                .collect::<Result<_>>()?,
+        );
+        self.push(Row {
+            case: case.to_owned(),
+            ours: time,
+            peer: None,
+            bytes: 0,
+        });
+        Ok(time)
+    }
 }
 
 fn row_text(row: &Row) -> String {
@@ -152,18 +196,32 @@ fn gib_per_s(bytes: u64, time: Duration) -> f64 {
     bytes as f64 / (1u64 << 30) as f64 / time.as_secs_f64().max(1e-12)
 }
 
-/// Runs `ours` and `peer` `runs` times each, alternating which goes first and syncing the disk
-/// before each, so that neither inherits the other's leftovers (dirty pages, freed blocks), and
+/// What each timed run starts from. Either way, what earlier runs left dirty is written back
+/// first, outside the timing, so a run never pays for its predecessor's writeback.
+#[derive(Debug, Clone, Copy)]
+enum Start {
+    /// Files stay cached, so reads measure the code rather than the disk.
+    Cached,
+    /// The clean page cache is dropped too (where allowed: root), so every run that writes
+    /// starts with the same free memory instead of paying to reclaim what earlier runs cached.
+    /// On this project's VM that was the largest source of noise in fsync'd writes.
+    Emptied,
+}
+
+/// Runs `ours` and `peer` `runs` times each, alternating which goes first and settling the
+/// machine (see [`Start`]) before each, so that neither inherits the other's leftovers, and
 /// keeps the medians.
 fn paired(
     runs: usize,
+    start: Start,
     mut ours: impl FnMut() -> Result<Duration>,
     mut peer: impl FnMut() -> Result<Duration>,
 ) -> Result<(Duration, Duration)> {
-    // Write back what earlier runs left dirty before each timed run, outside the timing, so a
-    // run never pays for its predecessor's writeback.
     let settle = || {
         let _ = std::process::Command::new("sync").status();
+        if matches!(start, Start::Emptied) {
+            let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+        }
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for run in 0..runs {
@@ -179,50 +237,19 @@ fn paired(
             a.push(ours()?);
         }
     }
+    let seconds = |times: &[Duration]| {
+        times
+            .iter()
+            .map(|t| format!("{:.3}", t.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    println!(
+        "    each run, seconds: weightbay {}; peer {}",
+        seconds(&a),
+        seconds(&b)
+    );
     Ok((median(a), median(b)))
-}
-
-/// Times `ours` against `peer` (see [`paired`]) and records the row.
-fn compare(
-    rows: &mut Vec<Row>,
-    runs: usize,
-    case: &str,
-    bytes: u64,
-    peer_name: &str,
-    mut ours: impl FnMut() -> Result<()>,
-    mut peer: impl FnMut() -> Result<()>,
-) -> Result<()> {
-    let (ours, peer) = paired(runs, || timed(&mut ours), || timed(&mut peer))?;
-    push(
-        rows,
-        Row {
-            case: case.to_owned(),
-            ours,
-            peer: Some((peer_name.to_owned(), peer)),
-            bytes,
-        },
-    );
-    Ok(())
-}
-
-/// Times `f` alone `runs` times, records the median, and returns it.
-fn alone(
-    rows: &mut Vec<Row>,
-    runs: usize,
-    case: &str,
-    mut f: impl FnMut() -> Result<()>,
-) -> Result<Duration> {
-    let time = median((0..runs).map(|_| timed(&mut f)).collect::<Result<_>>()?);
-    push(
-        rows,
-        Row {
-            case: case.to_owned(),
-            ours: time,
-            peer: None,
-            bytes: 0,
-        },
-    );
-    Ok(time)
 }
 
 /// Reads every tensor of `reader` in place, directly or as WeightSource components.
@@ -401,20 +428,34 @@ pub fn run(args: &Args) -> Result<()> {
         return rss_case(case, args.size_mib, &dir);
     }
     let wanted = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
-    let mut rows = Vec::new();
     let big = Data::big(args.size_mib << 20);
     let runs = args.runs.max(1);
+    let mut table = Table {
+        rows: Vec::new(),
+        runs,
+    };
     println!(
         "weightbay bench: {} MiB in {} tensors, {runs} paired runs per case, files in {}",
         big.bytes() >> 20,
         big.tensors.len(),
         dir.display()
     );
+    let can_drop_caches = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/sys/vm/drop_caches")
+        .is_ok();
+    println!(
+        "  page cache dropped before each run of a write case: {}",
+        if can_drop_caches {
+            "yes"
+        } else {
+            "no (needs root), so those figures are noisier"
+        }
+    );
 
     if wanted("into_bytes") {
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Cached,
             "into_bytes (trailer on)",
             big.bytes(),
             "memcpy into fresh memory",
@@ -448,7 +489,7 @@ pub fn run(args: &Args) -> Result<()> {
             })
             .collect();
         let writer = Writer::new(tensors);
-        alone(&mut rows, runs, "plan 100k tensors", || {
+        table.alone("plan 100k tensors", || {
             writer.size().map(|s| {
                 black_box(s);
             })
@@ -459,7 +500,7 @@ pub fn run(args: &Args) -> Result<()> {
             .map(|i| Tensor::new(format!("blocks.{i}.weight"), DType::U8, [4], vec![1u8; 4]))
             .collect();
         let bytes = bytes::Bytes::from(Writer::new(tensors).into_bytes()?);
-        let time = alone(&mut rows, runs, "open 20k-tensor index", || {
+        let time = table.alone("open 20k-tensor index", || {
             Reader::from_bytes(bytes.clone()).map(|r| drop(black_box(r)))
         })?;
         println!(
@@ -475,9 +516,8 @@ pub fn run(args: &Args) -> Result<()> {
     };
     if wanted("durable save") {
         let count = (big.bytes() >> 23).max(1);
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Emptied,
             "durable save",
             big.bytes(),
             "dd bs=8M conv=fsync",
@@ -502,9 +542,8 @@ pub fn run(args: &Args) -> Result<()> {
             },
         )?;
         #[cfg(feature = "peers")]
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Emptied,
             "durable save",
             big.bytes(),
             "burn-pack write_to_file",
@@ -526,18 +565,16 @@ pub fn run(args: &Args) -> Result<()> {
                 .write_to(&local, "small.bpk")
                 .map(drop)
         };
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Emptied,
             "20k small tensors, durable",
             small.bytes(),
             "burn-pack write_to_file",
             save_small,
             || peers::burn_pack_save(&small, &dir.join("small-burn.bpk")),
         )?;
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Emptied,
             "20k small tensors, durable",
             small.bytes(),
             "safetensors serialize_to_file + fsync",
@@ -553,18 +590,16 @@ pub fn run(args: &Args) -> Result<()> {
     if wanted("mmap load") {
         let mmap = MmapStorage::new(&dir);
         let safetensors_peer = || peers::safetensors_mmap_touch(&dir.join("big.safetensors"));
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Cached,
             "mmap open + touch every byte",
             big.bytes(),
             "safetensors crate over memmap2",
             || touch_all(&Reader::open(mmap.open("big.bpk")?)?, false),
             safetensors_peer,
         )?;
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Cached,
             "WeightSource components over mmap (safetensors)",
             big.bytes(),
             "safetensors crate over memmap2",
@@ -573,9 +608,8 @@ pub fn run(args: &Args) -> Result<()> {
         )?;
     }
     if wanted("pread") {
-        compare(
-            &mut rows,
-            runs,
+        table.compare(
+            Start::Cached,
             "pread every tensor into fresh buffers",
             big.bytes(),
             "sequential read into fresh buffers",
@@ -631,9 +665,8 @@ pub fn run(args: &Args) -> Result<()> {
         };
         let container = Writer::new(big.ours()).into_bytes()?;
         if wanted("object store save") {
-            compare(
-                &mut rows,
-                runs,
+            table.compare(
+                Start::Cached,
                 "object store save (InMemory)",
                 big.bytes(),
                 "raw object_store WriteMultipart",
@@ -690,9 +723,8 @@ pub fn run(args: &Args) -> Result<()> {
                     .iter()
                     .map(|t| t.range())
                     .collect();
-                compare(
-                    &mut rows,
-                    runs,
+                table.compare(
+                    Start::Cached,
                     &format!("object store load every tensor ({label}, {setting})"),
                     big.bytes(),
                     "raw object_store get_ranges",
@@ -767,7 +799,7 @@ pub fn run(args: &Args) -> Result<()> {
         "case", "weightbay", "peer", "peer", "ratio"
     );
     let mut csv = String::from("case,bytes,ours_s,peer,peer_s,ratio\n");
-    for row in &rows {
+    for row in &table.rows {
         let ours = if row.bytes > 0 {
             format!("{:.2} GiB/s", gib_per_s(row.bytes, row.ours))
         } else {

@@ -119,7 +119,29 @@ impl FileSystem for StdFileSystem {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        fs::rename(from, to)
+        // Replacing a file frees the old one inside rename(2): its cached pages are dropped and
+        // its blocks released, 0.3 to 0.4 s for 2 GiB on the project's machine, up to half of a
+        // durable save. Holding the old inode open moves that work to when the handle closes,
+        // which a background thread does once the new file is in place.
+        #[cfg(target_os = "linux")]
+        let replaced = {
+            use std::os::unix::fs::OpenOptionsExt;
+            // O_PATH needs no permission on the file; O_NOFOLLOW pins a symlink itself.
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+                .open(to)
+                .ok()
+        };
+        let renamed = fs::rename(from, to);
+        #[cfg(target_os = "linux")]
+        if let Some(replaced) = replaced {
+            // Should no thread start, the closure (and the handle) is dropped here instead.
+            let _ = std::thread::Builder::new()
+                .name("weightbay-release".into())
+                .spawn(move || drop(replaced));
+        }
+        renamed
     }
 
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {

@@ -239,3 +239,44 @@ fn an_abandoned_save_removes_the_directories_it_made() {
     );
     assert!(dir.path().join("a/keep.bpk").exists() && !dir.path().join("a/b").exists());
 }
+
+/// A replaced container is released off the save's path (Linux), but it is released: no
+/// handle to it outlives the background close.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_replaced_container_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    let path = dir.path().join("m.bpk");
+    for fill in 0..5 {
+        container(fill, 1 << 20)
+            .write_to(&storage, "m.bpk")
+            .unwrap();
+    }
+    let holds_a_replaced_file = || {
+        fs::read_dir("/proc/self/fd").unwrap().flatten().any(|fd| {
+            fs::read_link(fd.path()).is_ok_and(|target| {
+                target.to_string_lossy() == format!("{} (deleted)", path.display())
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while holds_a_replaced_file() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a replaced container is still held open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        fs::read(&path).unwrap().len() as u64,
+        fs::metadata(&path).unwrap().len()
+    );
+    assert_eq!(
+        Reader::open(storage.open("m.bpk").unwrap())
+            .unwrap()
+            .read("w")
+            .unwrap(),
+        vec![4; 1 << 20]
+    );
+}
