@@ -516,17 +516,22 @@ pub fn run(args: &Args) -> Result<()> {
     };
     if wanted("durable save") {
         let count = (big.bytes() >> 23).max(1);
+        // dd writes a new file every run: truncating the last one would add the cost of freeing
+        // it to dd's time.
+        let mut dd_runs = 0;
+        let dd_file = |run: usize| dir.join(format!("dd-{run}.bin"));
         table.compare(
             Start::Emptied,
             "durable save",
             big.bytes(),
-            "dd bs=8M conv=fsync",
+            "dd bs=8M conv=fsync, new file",
             save_big,
             || {
+                dd_runs += 1;
                 let status = std::process::Command::new("dd")
                     .args([
                         "if=/dev/zero",
-                        &format!("of={}", dir.join("dd.bin").display()),
+                        &format!("of={}", dd_file(dd_runs).display()),
                         "bs=8M",
                         &format!("count={count}"),
                         "conv=fsync",
@@ -541,6 +546,9 @@ pub fn run(args: &Args) -> Result<()> {
                 }
             },
         )?;
+        for run in 1..=dd_runs {
+            std::fs::remove_file(dd_file(run)).map_err(io("removing dd's file"))?;
+        }
         #[cfg(feature = "peers")]
         table.compare(
             Start::Emptied,
@@ -648,150 +656,7 @@ pub fn run(args: &Args) -> Result<()> {
     .into_iter()
     .any(wanted)
     {
-        let options = ObjectStoreOptions::default();
-        let part = options.part_size_for(Some(big.bytes()));
-        let store: Arc<dyn object_store::ObjectStore> =
-            Arc::new(object_store::memory::InMemory::new());
-        let storage = ObjectStorage::new(Arc::clone(&store))?.with_options(options);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(io("runtime"))?;
-        let raw = RawUpload {
-            runtime: &runtime,
-            part,
-            in_flight: options.parts_in_flight,
-        };
-        let container = Writer::new(big.ours()).into_bytes()?;
-        if wanted("object store save") {
-            table.compare(
-                Start::Cached,
-                "object store save (InMemory)",
-                big.bytes(),
-                "raw object_store WriteMultipart",
-                || {
-                    Writer::new(big.ours())
-                        .write_to(&storage, "ours.bpk")
-                        .map(drop)
-                },
-                || {
-                    raw.upload(
-                        &store,
-                        &object_store::path::Path::from("raw.bpk"),
-                        &container,
-                    )
-                },
-            )?;
-        }
-        // Loading is measured against the S3 server when one is running: an in-memory store
-        // hands out slices of its own buffer, which measures nothing.
-        let (load_storage, label) = match std::env::var("WEIGHTBAY_S3_URL") {
-            Ok(url) => {
-                let remote = weightbay_object_store::open_url(
-                    &format!("{url}/bench"),
-                    std::iter::empty::<(&str, &str)>(),
-                )?;
-                Writer::new(big.ours()).write_to(&remote, "ours.bpk")?;
-                (remote, "S3 server")
-            }
-            Err(_) => (storage, "InMemory"),
-        };
-        let load_store = Arc::clone(load_storage.store());
-        if wanted("object store load") {
-            let location = load_storage.prefix().clone().join("ours.bpk");
-            let configured = load_storage.options().fetch_request_len;
-            let forced = Some(args.fetch_request_mib << 20);
-            let describe = |request_len: Option<u64>| {
-                request_len.map_or("one request per run".to_owned(), |len| {
-                    format!("{} MiB requests", len >> 20)
-                })
-            };
-            let mut settings = vec![(configured, format!("{}, default", describe(configured)))];
-            if forced != configured {
-                settings.push((forced, describe(forced)));
-            }
-            for (fetch_request_len, setting) in settings {
-                let storage = load_storage.clone().with_options(ObjectStoreOptions {
-                    fetch_request_len,
-                    ..*load_storage.options()
-                });
-                // Opening (one GET for header and metadata) is left out of both sides' timing.
-                let source = storage.open_object("ours.bpk")?;
-                let ranges: Vec<_> = Reader::open(Arc::new(source.clone()))?
-                    .tensors()
-                    .iter()
-                    .map(|t| t.range())
-                    .collect();
-                table.compare(
-                    Start::Cached,
-                    &format!("object store load every tensor ({label}, {setting})"),
-                    big.bytes(),
-                    "raw object_store get_ranges",
-                    || source.fetch(&ranges).map(|b| drop(black_box(b))),
-                    || {
-                        runtime
-                            .block_on(load_store.get_ranges(&location, &ranges))
-                            .map(|b| drop(black_box(b)))
-                            .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
-                    },
-                )?;
-            }
-        }
-        if wanted("object store cpu") && std::env::var("WEIGHTBAY_S3_URL").is_ok() {
-            // Client CPU (user + system) per GiB written to the S3 server, against raw
-            // object_store's WriteMultipart with the same part size and parts in flight;
-            // alternating which goes first, medians of the runs.
-            let cpu_of = |upload: &dyn Fn() -> Result<()>| -> Result<Duration> {
-                let before = cpu_time();
-                upload()?;
-                Ok(cpu_time() - before)
-            };
-            let ours = || {
-                Writer::new(big.ours())
-                    .write_to(&load_storage, "cpu.bpk")
-                    .map(drop)
-            };
-            let theirs = || {
-                raw.upload(
-                    &load_store,
-                    &load_storage.prefix().clone().join("raw-cpu.bpk"),
-                    &container,
-                )
-            };
-            let (mut ours_runs, mut raw_runs) = (Vec::new(), Vec::new());
-            for run in 0..runs {
-                if run % 2 == 0 {
-                    ours_runs.push(cpu_of(&ours)?);
-                    raw_runs.push(cpu_of(&theirs)?);
-                } else {
-                    raw_runs.push(cpu_of(&theirs)?);
-                    ours_runs.push(cpu_of(&ours)?);
-                }
-            }
-            let (ours_cpu, raw_cpu) = (median(ours_runs), median(raw_runs));
-            let gib = big.bytes() as f64 / (1u64 << 30) as f64;
-            println!(
-                "  client CPU per GiB to the S3 server: {:.2} s, raw object_store {:.2} s = {:.2}x raw's",
-                ours_cpu.as_secs_f64() / gib,
-                raw_cpu.as_secs_f64() / gib,
-                ours_cpu.as_secs_f64() / raw_cpu.as_secs_f64().max(1e-9)
-            );
-        }
-        if wanted("object store rss") && std::env::var("WEIGHTBAY_S3_URL").is_ok() {
-            for (case, size) in [
-                ("s3", 256),
-                ("s3", args.size_mib),
-                ("s3-safetensors", args.size_mib),
-            ] {
-                let rss = rss_of(case, size, &dir)?;
-                println!(
-                    "  peak RSS streaming {size} MiB of deferred 16 MiB tensors to the S3 server ({case}): {} MiB (bound: {} MiB parts x 9 + 32 MiB)",
-                    rss >> 20,
-                    part >> 20
-                );
-            }
-        }
+        object_store_cases(&mut table, &big, args, &wanted, &dir)?;
     }
 
     println!(
@@ -844,6 +709,168 @@ pub fn run(args: &Args) -> Result<()> {
         std::fs::File::create(path)
             .and_then(|mut f| f.write_all(csv.as_bytes()))
             .map_err(io("writing the CSV"))?;
+    }
+    Ok(())
+}
+
+/// The object-store cases: saving through object_store's InMemory store against raw
+/// `WriteMultipart`, and, with an S3 server, loading, client CPU and peak memory.
+fn object_store_cases(
+    table: &mut Table,
+    big: &Data,
+    args: &Args,
+    wanted: &impl Fn(&str) -> bool,
+    dir: &Path,
+) -> Result<()> {
+    let options = ObjectStoreOptions::default();
+    let part = options.part_size_for(Some(big.bytes()));
+    let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let storage = ObjectStorage::new(Arc::clone(&store))?.with_options(options);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io("runtime"))?;
+    let raw = RawUpload {
+        runtime: &runtime,
+        part,
+        in_flight: options.parts_in_flight,
+    };
+    let container = Writer::new(big.ours()).into_bytes()?;
+    if wanted("object store save") {
+        table.compare(
+            Start::Cached,
+            "object store save (InMemory)",
+            big.bytes(),
+            "raw object_store WriteMultipart",
+            || {
+                Writer::new(big.ours())
+                    .write_to(&storage, "ours.bpk")
+                    .map(drop)
+            },
+            || {
+                raw.upload(
+                    &store,
+                    &object_store::path::Path::from("raw.bpk"),
+                    &container,
+                )
+            },
+        )?;
+    }
+    // Loading, client CPU and peak memory are measured against the S3 server (moto) when
+    // one is running: an in-memory store hands out slices of its own buffer, which
+    // measures nothing.
+    let s3 = match std::env::var("WEIGHTBAY_S3_URL") {
+        Ok(url) => Some(weightbay_object_store::open_url(
+            &format!("{url}/bench"),
+            std::iter::empty::<(&str, &str)>(),
+        )?),
+        Err(_) => {
+            println!(
+                "  object store load, cpu and rss: skipped, no S3 server (vars=$(scripts/servers.sh start s3) && eval \"$vars\")"
+            );
+            None
+        }
+    };
+    let Some(load_storage) = s3 else {
+        return Ok(());
+    };
+    let label = "S3 server";
+    Writer::new(big.ours()).write_to(&load_storage, "ours.bpk")?;
+    let load_store = Arc::clone(load_storage.store());
+    if wanted("object store load") {
+        let location = load_storage.prefix().clone().join("ours.bpk");
+        let configured = load_storage.options().fetch_request_len;
+        let forced = Some(args.fetch_request_mib << 20);
+        let describe = |request_len: Option<u64>| {
+            request_len.map_or("one request per run".to_owned(), |len| {
+                format!("{} MiB requests", len >> 20)
+            })
+        };
+        let mut settings = vec![(configured, format!("{}, default", describe(configured)))];
+        if forced != configured {
+            settings.push((forced, describe(forced)));
+        }
+        for (fetch_request_len, setting) in settings {
+            let storage = load_storage.clone().with_options(ObjectStoreOptions {
+                fetch_request_len,
+                ..*load_storage.options()
+            });
+            // Opening (one GET for header and metadata) is left out of both sides' timing.
+            let source = storage.open_object("ours.bpk")?;
+            let ranges: Vec<_> = Reader::open(Arc::new(source.clone()))?
+                .tensors()
+                .iter()
+                .map(|t| t.range())
+                .collect();
+            table.compare(
+                Start::Cached,
+                &format!("object store load every tensor ({label}, {setting})"),
+                big.bytes(),
+                "raw object_store get_ranges",
+                || source.fetch(&ranges).map(|b| drop(black_box(b))),
+                || {
+                    runtime
+                        .block_on(load_store.get_ranges(&location, &ranges))
+                        .map(|b| drop(black_box(b)))
+                        .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
+                },
+            )?;
+        }
+    }
+    if wanted("object store cpu") {
+        // Client CPU (user + system) per GiB written to the S3 server, against raw
+        // object_store's WriteMultipart with the same part size and parts in flight;
+        // alternating which goes first, medians of the runs.
+        let cpu_of = |upload: &dyn Fn() -> Result<()>| -> Result<Duration> {
+            let before = cpu_time();
+            upload()?;
+            Ok(cpu_time() - before)
+        };
+        let ours = || {
+            Writer::new(big.ours())
+                .write_to(&load_storage, "cpu.bpk")
+                .map(drop)
+        };
+        let theirs = || {
+            raw.upload(
+                &load_store,
+                &load_storage.prefix().clone().join("raw-cpu.bpk"),
+                &container,
+            )
+        };
+        let (mut ours_runs, mut raw_runs) = (Vec::new(), Vec::new());
+        for run in 0..table.runs {
+            if run % 2 == 0 {
+                ours_runs.push(cpu_of(&ours)?);
+                raw_runs.push(cpu_of(&theirs)?);
+            } else {
+                raw_runs.push(cpu_of(&theirs)?);
+                ours_runs.push(cpu_of(&ours)?);
+            }
+        }
+        let (ours_cpu, raw_cpu) = (median(ours_runs), median(raw_runs));
+        let gib = big.bytes() as f64 / (1u64 << 30) as f64;
+        println!(
+            "  client CPU per GiB to the S3 server: {:.2} s, raw object_store {:.2} s = {:.2}x raw's",
+            ours_cpu.as_secs_f64() / gib,
+            raw_cpu.as_secs_f64() / gib,
+            ours_cpu.as_secs_f64() / raw_cpu.as_secs_f64().max(1e-9)
+        );
+    }
+    if wanted("object store rss") {
+        for (case, size) in [
+            ("s3", 256),
+            ("s3", args.size_mib),
+            ("s3-safetensors", args.size_mib),
+        ] {
+            let rss = rss_of(case, size, dir)?;
+            println!(
+                "  peak RSS streaming {size} MiB of deferred 16 MiB tensors to the S3 server ({case}): {} MiB (bound: {} MiB parts x 9 + 32 MiB)",
+                rss >> 20,
+                part >> 20
+            );
+        }
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! durable atomic saves (in-place writes refused).
 
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use weightbay_conformance::Harness;
@@ -9,14 +10,16 @@ use weightbay_mmap::MmapStorage;
 
 #[derive(Debug)]
 struct Mmap {
-    root: tempfile::TempDir,
+    /// Made on first use: the crash case's child process, which only reopens its parent's
+    /// storage and is then killed, must not leave a directory of its own behind.
+    root: OnceLock<tempfile::TempDir>,
     next: AtomicUsize,
 }
 
 impl Default for Mmap {
     fn default() -> Self {
         Self {
-            root: tempfile::tempdir().expect("a temporary directory"),
+            root: OnceLock::new(),
             next: AtomicUsize::new(0),
         }
     }
@@ -27,7 +30,12 @@ impl Harness for Mmap {
 
     fn fresh(&self) -> MmapStorage {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        MmapStorage::new(self.root.path().join(format!("storage-{n}")))
+        MmapStorage::new(
+            self.root
+                .get_or_init(|| tempfile::tempdir().expect("a temporary directory"))
+                .path()
+                .join(format!("storage-{n}")),
+        )
     }
 
     fn reopen(&self, storage: &MmapStorage) -> MmapStorage {

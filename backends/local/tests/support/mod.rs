@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use weightbay::fs::FileSystem;
@@ -11,14 +12,16 @@ use weightbay_local::LocalStorage;
 
 #[derive(Debug)]
 pub struct Local {
-    root: tempfile::TempDir,
+    /// Made on first use: the crash case's child process, which only reopens its parent's
+    /// storage and is then killed, must not leave a directory of its own behind.
+    root: OnceLock<tempfile::TempDir>,
     next: AtomicUsize,
 }
 
 impl Default for Local {
     fn default() -> Self {
         Self {
-            root: tempfile::tempdir().expect("a temporary directory"),
+            root: OnceLock::new(),
             next: AtomicUsize::new(0),
         }
     }
@@ -29,7 +32,12 @@ impl Harness for Local {
 
     fn fresh(&self) -> LocalStorage {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        LocalStorage::new(self.root.path().join(format!("storage-{n}")))
+        LocalStorage::new(
+            self.root
+                .get_or_init(|| tempfile::tempdir().expect("a temporary directory"))
+                .path()
+                .join(format!("storage-{n}")),
+        )
     }
 
     fn reopen(&self, storage: &LocalStorage) -> LocalStorage {
