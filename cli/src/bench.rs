@@ -237,6 +237,12 @@ fn paired(
             a.push(ours()?);
         }
     }
+    print_runs(&a, &b);
+    Ok((median(a), median(b)))
+}
+
+/// Prints every run's figure, so a reader can see the spread behind a median.
+fn print_runs(ours: &[Duration], peer: &[Duration]) {
     let seconds = |times: &[Duration]| {
         times
             .iter()
@@ -246,10 +252,9 @@ fn paired(
     };
     println!(
         "    each run, seconds: weightbay {}; peer {}",
-        seconds(&a),
-        seconds(&b)
+        seconds(ours),
+        seconds(peer)
     );
-    Ok((median(a), median(b)))
 }
 
 /// Reads every tensor of `reader` in place, directly or as WeightSource components.
@@ -849,6 +854,7 @@ fn object_store_cases(
                 ours_runs.push(cpu_of(&ours)?);
             }
         }
+        print_runs(&ours_runs, &raw_runs);
         let (ours_cpu, raw_cpu) = (median(ours_runs), median(raw_runs));
         let gib = big.bytes() as f64 / (1u64 << 30) as f64;
         println!(
