@@ -185,3 +185,72 @@ fn demo_runs_with_nothing_else_started() {
     let (stdout, _) = text(&output);
     assert!(stdout.contains("done: both copies verify"), "{stdout}");
 }
+
+/// Ctrl-C during `cp` stops the copy at its next write: exit status 130, one line saying so,
+/// and the destination exactly as it was, with no scratch file beside it.
+#[test]
+fn ctrl_c_during_cp_leaves_the_destination_as_it_was() {
+    const TENSOR: u64 = 16 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = weightbay_local::LocalStorage::new(dir.path());
+    let destination = dir.path().join("out.bpk");
+    golden(&destination);
+    let old = std::fs::read(&destination).unwrap();
+    let scratch_exists = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .any(|entry| entry.file_name().to_string_lossy().ends_with(".tmp"))
+    };
+    // The signal goes once the copy has started writing; should the copy outrun it anyway,
+    // try again with a larger source.
+    for tensors in [16, 64] {
+        Writer::new(
+            (0..tensors)
+                .map(|i| {
+                    Tensor::deferred(format!("t{i}"), DType::U8, [TENSOR], TENSOR, || {
+                        Ok(vec![7u8; TENSOR as usize].into())
+                    })
+                })
+                .collect(),
+        )
+        .write_to(&storage, "source.bpk")
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weightbay"))
+            .args([
+                "cp",
+                dir.path().join("source.bpk").to_str().unwrap(),
+                destination.to_str().unwrap(),
+            ])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !scratch_exists() && child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cp never started writing"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let signalled = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if output.status.success() || !signalled.success() {
+            // The copy finished first (or ignored the signal): try a larger one.
+            continue;
+        }
+        assert_eq!(output.status.code(), Some(130), "{stderr}");
+        assert!(
+            stderr.contains("interrupted: the destination was left as it was"),
+            "{stderr}"
+        );
+        assert_eq!(std::fs::read(&destination).unwrap(), old);
+        assert!(!scratch_exists(), "a scratch file was left behind");
+        return;
+    }
+    panic!("every copy finished despite Ctrl-C: ignored, or it came after the last write");
+}
