@@ -5,46 +5,17 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use weightbay::{BoolStore, DType, QuantScheme, Reader, Scalar, Tensor, Writer};
+use weightbay::{DType, QuantScheme, Reader, Scalar, Tensor, Writer};
+
+#[path = "common/burn.rs"]
+mod burn;
+use burn::{to_burn_dtype, to_burn_scalar};
 
 /// The default QFloat scheme, as burn-pack's serde encodes it.
 fn burn_qfloat_cbor() -> Vec<u8> {
     let mut out = Vec::new();
     ciborium::ser::into_writer(&burn_std::quantization::QuantScheme::default(), &mut out).unwrap();
     out
-}
-
-fn to_burn_dtype(dtype: &DType) -> burn_std::DType {
-    use burn_std::DType as B;
-    match dtype {
-        DType::F64 => B::F64,
-        DType::F32 => B::F32,
-        DType::Flex32 => B::Flex32,
-        DType::F16 => B::F16,
-        DType::BF16 => B::BF16,
-        DType::I64 => B::I64,
-        DType::I32 => B::I32,
-        DType::I16 => B::I16,
-        DType::I8 => B::I8,
-        DType::U64 => B::U64,
-        DType::U32 => B::U32,
-        DType::U16 => B::U16,
-        DType::U8 => B::U8,
-        DType::Bool(BoolStore::Native) => B::Bool(burn_std::BoolStore::Native),
-        DType::Bool(BoolStore::U8) => B::Bool(burn_std::BoolStore::U8),
-        DType::Bool(BoolStore::U32) => B::Bool(burn_std::BoolStore::U32),
-        DType::QFloat(_) => B::QFloat(burn_std::quantization::QuantScheme::default()),
-        other => panic!("no burn dtype for {other}"),
-    }
-}
-
-fn to_burn_scalar(scalar: Scalar) -> burn_pack::Scalar {
-    match scalar {
-        Scalar::Int(v) => burn_pack::Scalar::Int(v),
-        Scalar::UInt(v) => burn_pack::Scalar::UInt(v),
-        Scalar::Float(v) => burn_pack::Scalar::Float(v),
-        Scalar::Bool(v) => burn_pack::Scalar::Bool(v),
-    }
 }
 
 /// Scalars compared bitwise, so NaN equals itself.
@@ -114,7 +85,7 @@ impl ContainerCase {
                 let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
                 burn_pack::Tensor::new(
                     t.name.clone(),
-                    to_burn_dtype(&t.dtype),
+                    to_burn_dtype(&t.dtype).expect("the strategies make burn dtypes only"),
                     shape,
                     t.param_id,
                     burn_pack::Bytes::from_bytes_vec(t.data.clone()),
@@ -256,7 +227,7 @@ proptest! {
         let tensors = reader.into_tensors().unwrap();
         for theirs in tensors {
             let ours = case.tensors.iter().find(|t| t.name == theirs.name).unwrap();
-            prop_assert_eq!(theirs.dtype, to_burn_dtype(&ours.dtype));
+            prop_assert_eq!(Some(theirs.dtype), to_burn_dtype(&ours.dtype));
             prop_assert_eq!(theirs.param_id, ours.param_id);
             let shape: Vec<u64> = theirs.shape.iter().map(|&d| d as u64).collect();
             prop_assert_eq!(shape, ours.shape.clone());

@@ -8,10 +8,15 @@ use std::sync::{Arc, OnceLock};
 
 use arbitrary::Unstructured;
 use weightbay::{
-    BoolStore, DType, MemorySource, MemoryStorage, ReadOptions, Reader, Scalar,
+    DType, MemorySource, MemoryStorage, ReadOptions, Reader, Scalar,
     Storage, Tensor, Validation, Writer,
 };
 use weightbay_conformance::model::{KEYS, Model, Op, VERSIONS};
+
+// The same mapping the interop tests use.
+#[path = "../../core/tests/common/burn.rs"]
+mod burn;
+use burn::{to_burn_dtype, to_burn_scalar};
 
 /// Any bytes, as a container: opening never panics; what opens reads, verifies (or reports
 /// why not), and re-encodes into a container that opens strictly with the same contents.
@@ -106,30 +111,6 @@ fn scalar(u: &mut Unstructured<'_>) -> arbitrary::Result<Scalar> {
     })
 }
 
-fn to_burn_dtype(dtype: &DType) -> Option<burn_std::DType> {
-    use burn_std::DType as B;
-    Some(match dtype {
-        DType::F64 => B::F64,
-        DType::F32 => B::F32,
-        DType::Flex32 => B::Flex32,
-        DType::F16 => B::F16,
-        DType::BF16 => B::BF16,
-        DType::I64 => B::I64,
-        DType::I32 => B::I32,
-        DType::I16 => B::I16,
-        DType::I8 => B::I8,
-        DType::U64 => B::U64,
-        DType::U32 => B::U32,
-        DType::U16 => B::U16,
-        DType::U8 => B::U8,
-        DType::Bool(BoolStore::Native) => B::Bool(burn_std::BoolStore::Native),
-        DType::Bool(BoolStore::U8) => B::Bool(burn_std::BoolStore::U8),
-        DType::Bool(BoolStore::U32) => B::Bool(burn_std::BoolStore::U32),
-        DType::QFloat(_) => B::QFloat(burn_std::quantization::QuantScheme::default()),
-        _ => return None,
-    })
-}
-
 /// Structured containers (any dtype, shape, unicode names, metadata, scalars, alignment,
 /// trailer): written and read back equal; at the default alignment, byte-identical to what
 /// burn-pack writes for the same input.
@@ -208,12 +189,7 @@ pub fn roundtrip(input: &[u8]) {
             burn = burn.with_metadata(k, v);
         }
         for (k, v) in &scalars {
-            burn = burn.with_scalar(k, match *v {
-                Scalar::Int(x) => burn_pack::Scalar::Int(x),
-                Scalar::UInt(x) => burn_pack::Scalar::UInt(x),
-                Scalar::Float(x) => burn_pack::Scalar::Float(x),
-                Scalar::Bool(x) => burn_pack::Scalar::Bool(x),
-            });
+            burn = burn.with_scalar(k, to_burn_scalar(*v));
         }
         let theirs = burn.into_bytes().expect("burn-pack writes the same input").to_vec();
         let ours = writer().with_trailer(false).into_bytes().expect("valid input writes");
