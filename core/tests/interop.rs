@@ -9,7 +9,7 @@ use weightbay::{DType, QuantScheme, Reader, Scalar, Tensor, Writer};
 
 #[path = "common/burn.rs"]
 mod burn;
-use burn::{to_burn_dtype, to_burn_scalar};
+use burn::{TensorParts, to_burn_dtype, to_burn_scalar};
 
 /// The default QFloat scheme, as burn-pack's serde encodes it.
 fn burn_qfloat_cbor() -> Vec<u8> {
@@ -37,37 +37,16 @@ fn burn_scalar_bits(scalar: &burn_pack::Scalar) -> (u8, u64) {
     }
 }
 
-/// One tensor's parts, kept plain so both crates' tensors can be built from them.
-#[derive(Debug, Clone)]
-struct TensorCase {
-    name: String,
-    dtype: DType,
-    shape: Vec<u64>,
-    param_id: Option<u64>,
-    data: Vec<u8>,
-}
-
 #[derive(Debug, Clone)]
 struct ContainerCase {
-    tensors: Vec<TensorCase>,
+    tensors: Vec<TensorParts>,
     metadata: BTreeMap<String, String>,
     scalars: BTreeMap<String, Scalar>,
 }
 
 impl ContainerCase {
     fn ours(&self) -> Writer {
-        let tensors = self
-            .tensors
-            .iter()
-            .map(|t| {
-                let tensor = Tensor::new(&t.name, t.dtype.clone(), t.shape.clone(), t.data.clone());
-                match t.param_id {
-                    Some(id) => tensor.with_param_id(id),
-                    None => tensor,
-                }
-            })
-            .collect();
-        let mut writer = Writer::new(tensors);
+        let mut writer = Writer::new(self.tensors.iter().map(TensorParts::ours).collect());
         for (k, v) in &self.metadata {
             writer = writer.with_metadata(k, v);
         }
@@ -81,16 +60,7 @@ impl ContainerCase {
         let tensors = self
             .tensors
             .iter()
-            .map(|t| {
-                let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-                burn_pack::Tensor::new(
-                    t.name.clone(),
-                    to_burn_dtype(&t.dtype).expect("the strategies make burn dtypes only"),
-                    shape,
-                    t.param_id,
-                    burn_pack::Bytes::from_bytes_vec(t.data.clone()),
-                )
-            })
+            .map(|t| t.burn().expect("the strategies make burn dtypes only"))
             .collect();
         let mut writer = burn_pack::Writer::new(tensors);
         for (k, v) in &self.metadata {
@@ -126,7 +96,7 @@ mod strategies {
         ]
     }
 
-    pub fn tensor() -> impl Strategy<Value = TensorCase> {
+    pub fn tensor() -> impl Strategy<Value = TensorParts> {
         (
             tensor_name(),
             dtype(),
@@ -138,7 +108,7 @@ mod strategies {
                     Some(len) => len as usize..len as usize + 1,
                     None => 0..300, // QFloat: any packed length
                 };
-                proptest::collection::vec(any::<u8>(), len).prop_map(move |data| TensorCase {
+                proptest::collection::vec(any::<u8>(), len).prop_map(move |data| TensorParts {
                     name: name.clone(),
                     dtype: dtype.clone(),
                     shape: shape.clone(),

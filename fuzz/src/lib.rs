@@ -9,14 +9,14 @@ use std::sync::{Arc, OnceLock};
 use arbitrary::Unstructured;
 use weightbay::{
     DType, MemorySource, MemoryStorage, ReadOptions, Reader, Scalar,
-    Storage, Tensor, Validation, Writer,
+    Storage, Validation, Writer,
 };
 use weightbay_conformance::model::{KEYS, Model, Op, VERSIONS};
 
 // The same mapping the interop tests use.
 #[path = "../../core/tests/common/burn.rs"]
 mod burn;
-use burn::{to_burn_dtype, to_burn_scalar};
+use burn::{TensorParts, to_burn_scalar};
 
 /// Any bytes, as a container: opening never panics; what opens reads, verifies (or reports
 /// why not), and re-encodes into a container that opens strictly with the same contents.
@@ -63,14 +63,6 @@ fn assert_same(a: &Reader, b: &Reader) {
     }
 }
 
-/// One tensor of a structured round-trip input.
-struct TensorInput {
-    name: String,
-    dtype: DType,
-    shape: Vec<u64>,
-    param_id: Option<u64>,
-    data: Vec<u8>,
-}
 
 /// burn's default quantization scheme, exactly as burn-pack encodes it: read back from a
 /// one-tensor container burn-pack wrote.
@@ -87,7 +79,7 @@ fn qfloat() -> DType {
     reader.tensor("q").expect("the tensor we wrote").dtype().clone()
 }
 
-fn tensor_input(u: &mut Unstructured<'_>, qfloat: &DType) -> arbitrary::Result<TensorInput> {
+fn tensor_input(u: &mut Unstructured<'_>, qfloat: &DType) -> arbitrary::Result<TensorParts> {
     let name: String = u.arbitrary()?;
     let choice = u.int_in_range(0..=DType::FIXED.len())?;
     let dtype = DType::FIXED.get(choice).cloned().unwrap_or_else(|| qfloat.clone());
@@ -99,7 +91,7 @@ fn tensor_input(u: &mut Unstructured<'_>, qfloat: &DType) -> arbitrary::Result<T
     };
     let fill: u8 = u.arbitrary()?;
     let data = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
-    Ok(TensorInput { name, dtype, shape, param_id: u.arbitrary()?, data })
+    Ok(TensorParts { name, dtype, shape, param_id: u.arbitrary()?, data })
 }
 
 fn scalar(u: &mut Unstructured<'_>) -> arbitrary::Result<Scalar> {
@@ -143,16 +135,7 @@ pub fn roundtrip(input: &[u8]) {
     let trailer: bool = u.arbitrary().unwrap_or(true);
 
     let writer = || {
-        let ours = tensors
-            .iter()
-            .map(|t| {
-                let tensor = Tensor::new(&t.name, t.dtype.clone(), t.shape.clone(), t.data.clone());
-                match t.param_id {
-                    Some(id) => tensor.with_param_id(id),
-                    None => tensor,
-                }
-            })
-            .collect();
+        let ours = tensors.iter().map(TensorParts::ours).collect();
         let mut writer = Writer::new(ours).with_alignment(alignment);
         for (k, v) in &metadata {
             writer = writer.with_metadata(k, v);
@@ -176,14 +159,8 @@ pub fn roundtrip(input: &[u8]) {
     reader.verify().expect("written containers verify");
 
     if alignment == 256 {
-        let theirs = tensors
-            .iter()
-            .filter_map(|t| {
-                let dtype = to_burn_dtype(&t.dtype)?;
-                let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-                Some(burn_pack::Tensor::new(t.name.clone(), dtype, shape, t.param_id, burn_pack::Bytes::from_bytes_vec(t.data.clone())))
-            })
-            .collect();
+        // Every dtype the input makes (DType::FIXED and QFloat) is one burn-pack has.
+        let theirs = tensors.iter().filter_map(TensorParts::burn).collect();
         let mut burn = burn_pack::Writer::new(theirs);
         for (k, v) in &metadata {
             burn = burn.with_metadata(k, v);

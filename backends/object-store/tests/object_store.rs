@@ -17,7 +17,7 @@ use object_store::{
 use support::{ByUrl, SMALL_PARTS};
 use weightbay::{Bytes, DType, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer};
 use weightbay_conformance::Harness;
-use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
+use weightbay_object_store::{ObjectSource, ObjectStorage, ObjectStoreOptions};
 
 /// Counts the GET requests reaching an inner store.
 #[derive(Debug)]
@@ -144,25 +144,32 @@ fn opening_takes_one_request_for_header_and_metadata() {
     assert_eq!(store.gets.load(Ordering::SeqCst), 2);
 }
 
-#[test]
-fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
-    let (store, storage) = counting();
+/// Writes ten adjacent 5000-byte tensors, fetches them all at once and checks the bytes;
+/// returns the source, its reader and ranges, and how many GETs the fetch made.
+fn fetch_ten_tensors(
+    store: &CountingStore,
+    storage: &ObjectStorage,
+) -> (ObjectSource, Reader, Vec<Range<u64>>, usize) {
     Writer::new(tensors(10, 5000))
-        .write_to(&storage, "m.bpk")
+        .write_to(storage, "m.bpk")
         .unwrap();
     let source = storage.open_object("m.bpk").unwrap();
     let reader = Reader::open(Arc::new(source.clone())).unwrap();
     let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
     store.gets.store(0, Ordering::SeqCst);
     let fetched = source.fetch(&ranges).unwrap();
-    assert_eq!(
-        store.gets.load(Ordering::SeqCst),
-        1,
-        "ten adjacent tensors in one request"
-    );
+    let gets = store.gets.load(Ordering::SeqCst);
     for (info, bytes) in reader.tensors().iter().zip(&fetched) {
         assert_eq!(bytes.to_vec().unwrap(), reader.read(info.name()).unwrap());
     }
+    (source, reader, ranges, gets)
+}
+
+#[test]
+fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
+    let (store, storage) = counting();
+    let (source, reader, ranges, gets) = fetch_ten_tensors(&store, &storage);
+    assert_eq!(gets, 1, "ten adjacent tensors in one request");
 
     // Replaced after open: pinned reads refuse the new object rather than mix it in.
     Writer::new(tensors(10, 5001))
@@ -181,22 +188,8 @@ fn fetch_splits_long_runs_at_the_request_length() {
         fetch_request_len: Some(12_000),
         ..SMALL_PARTS
     });
-    Writer::new(tensors(10, 5000))
-        .write_to(&storage, "m.bpk")
-        .unwrap();
-    let source = storage.open_object("m.bpk").unwrap();
-    let reader = Reader::open(Arc::new(source.clone())).unwrap();
-    let ranges: Vec<Range<u64>> = reader.tensors().iter().map(|t| t.range()).collect();
-    store.gets.store(0, Ordering::SeqCst);
-    let fetched = source.fetch(&ranges).unwrap();
-    assert_eq!(
-        store.gets.load(Ordering::SeqCst),
-        5,
-        "two 5000-byte tensors per 12,000-byte request"
-    );
-    for (info, bytes) in reader.tensors().iter().zip(&fetched) {
-        assert_eq!(bytes.to_vec().unwrap(), reader.read(info.name()).unwrap());
-    }
+    let (.., gets) = fetch_ten_tensors(&store, &storage);
+    assert_eq!(gets, 5, "two 5000-byte tensors per 12,000-byte request");
 }
 
 #[test]

@@ -2,7 +2,44 @@
 //! (core/tests/interop.rs) and the round-trip fuzzer (fuzz/src/lib.rs), which includes this
 //! file by path.
 
-use weightbay::{BoolStore, DType, Scalar};
+use weightbay::{BoolStore, DType, Scalar, Tensor};
+
+/// One tensor's parts, kept plain so both crates' tensors can be built from them.
+#[derive(Debug, Clone)]
+pub struct TensorParts {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    pub param_id: Option<u64>,
+    pub data: Vec<u8>,
+}
+
+impl TensorParts {
+    /// The tensor as weightbay takes it.
+    pub fn ours(&self) -> Tensor {
+        let tensor = Tensor::new(
+            &self.name,
+            self.dtype.clone(),
+            self.shape.clone(),
+            self.data.clone(),
+        );
+        match self.param_id {
+            Some(id) => tensor.with_param_id(id),
+            None => tensor,
+        }
+    }
+
+    /// The same tensor as burn-pack takes it; `None` for a dtype burn-pack does not have.
+    pub fn burn(&self) -> Option<burn_pack::Tensor> {
+        Some(burn_pack::Tensor::new(
+            self.name.clone(),
+            to_burn_dtype(&self.dtype)?,
+            self.shape.iter().map(|&d| d as usize).collect::<Vec<_>>(),
+            self.param_id,
+            burn_pack::Bytes::from_bytes_vec(self.data.clone()),
+        ))
+    }
+}
 
 /// The burn dtype for `dtype`; `None` for dtypes burn-pack does not have (the FP8 and
 /// sub-byte ones).
