@@ -86,8 +86,7 @@ impl Model {
                     _ => Ok(()),
                 };
                 match (&result, expected) {
-                    (Err(e), _)
-                        if fail_at.is_some() && e.to_string().contains("injected fault") => {}
+                    (Err(e), _) if fail_at.is_some() && crate::is_injected(e) => {}
                     (Ok(_), Ok(())) => {
                         self.held.insert(index, version);
                     }

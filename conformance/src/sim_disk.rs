@@ -111,6 +111,16 @@ impl SimulatedDisk {
         })
     }
 
+    /// Every file the running system sees, by path.
+    pub fn files(&self) -> BTreeSet<PathBuf> {
+        let state = self.lock();
+        state
+            .written
+            .iter()
+            .flat_map(|(dir, entries)| entries.keys().map(move |name| dir.join(name)))
+            .collect()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()

@@ -16,6 +16,15 @@ impl Harness for Memory {
         storage.clone()
     }
 
+    fn not_applicable(&self) -> &[&'static str] {
+        // Nothing outlives the process, and nothing goes through a file system.
+        &[
+            "power_loss_at_every_operation",
+            "file_system_fault_at_every_operation",
+            "process_crash_at_every_step",
+        ]
+    }
+
     fn write_buffer_bound(&self, container_len: u64) -> u64 {
         // The memory sink holds the whole container: that is where it is stored.
         container_len

@@ -26,6 +26,10 @@ pub enum ErrorKind {
     OutOfRange,
     /// Access would need a copy and the caller's `AccessPolicy` refused one.
     WouldCopy,
+    /// What a source was reading changed after it was opened (an object replaced or deleted
+    /// under a version-pinned read): nothing mixed was returned; open it again to read the new
+    /// version.
+    Changed,
     /// The underlying I/O (disk, network, object store) failed.
     Io,
     /// A tensor provider (user code) failed or panicked.
@@ -43,6 +47,7 @@ impl ErrorKind {
             Self::Unsupported => "unsupported",
             Self::OutOfRange => "out of range",
             Self::WouldCopy => "would copy",
+            Self::Changed => "changed since opened",
             Self::Io => "I/O error",
             Self::Provider => "tensor provider failed",
         }

@@ -59,8 +59,14 @@ pub struct MmapStorage {
 impl MmapStorage {
     /// Files under `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self::over(LocalStorage::new(root))
+    }
+
+    /// Files written through `local` (for example a local storage over a file system of the
+    /// caller's) and mapped from its root.
+    pub fn over(local: LocalStorage) -> Self {
         Self {
-            local: LocalStorage::new(root),
+            local,
             prefetch: Prefetch::OnDemand,
         }
     }

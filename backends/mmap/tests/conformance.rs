@@ -2,10 +2,12 @@
 //! durable atomic saves (in-place writes refused).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use weightbay_conformance::Harness;
+use weightbay_conformance::{FaultPlan, FaultyFileSystem, Harness};
+use weightbay_local::{LocalStorage, StdFileSystem};
 use weightbay_mmap::MmapStorage;
 
 #[derive(Debug)]
@@ -48,6 +50,23 @@ impl Harness for Mmap {
 
     fn reopen_at(&self, locator: &str) -> Option<MmapStorage> {
         Some(MmapStorage::new(PathBuf::from(locator)))
+    }
+
+    fn reopen_at_with_faults(&self, locator: &str, faults: FaultPlan) -> Option<MmapStorage> {
+        // Maps read the real files; the saves' file operations go through the faults.
+        let fs = FaultyFileSystem::new(Arc::new(StdFileSystem), faults);
+        Some(MmapStorage::over(LocalStorage::with_file_system(
+            locator,
+            Arc::new(fs),
+        )))
+    }
+
+    fn not_applicable(&self) -> &[&'static str] {
+        // Maps need real files: there is no simulated file system to put this backend on.
+        &[
+            "power_loss_at_every_operation",
+            "file_system_fault_at_every_operation",
+        ]
     }
 }
 

@@ -105,10 +105,17 @@ impl Default for ObjectStoreOptions {
 
 impl ObjectStoreOptions {
     /// The part size for a container of `total_len` bytes (unknown: the configured size).
+    ///
+    /// The configured size, exactly, unless the container would then need more than
+    /// [`MAX_PARTS`] parts; then the smallest whole number of MiB that fits it in them.
     pub fn part_size_for(&self, total_len: Option<u64>) -> usize {
         let configured = self.part_size.max(1);
-        let needed = total_len.map_or(0, |len| len.div_ceil(MAX_PARTS).next_multiple_of(1 << 20));
-        configured.max(usize::try_from(needed).unwrap_or(usize::MAX))
+        let needed = total_len.map_or(0, |len| len.div_ceil(MAX_PARTS));
+        if needed <= configured as u64 {
+            configured
+        } else {
+            usize::try_from(needed.next_multiple_of(1 << 20)).unwrap_or(usize::MAX)
+        }
     }
 
     /// The most bytes a sink holds: one part filling plus the parts in flight.
@@ -251,6 +258,23 @@ impl ObjectStorage {
     }
 }
 
+impl ObjectStorage {
+    /// Refuses a configured part size the store would refuse: S3 and GCS take no part under
+    /// [`MIN_PART_SIZE`] but the last; Azure, in-memory and local stores take any size.
+    fn check_part_size(&self) -> Result<()> {
+        let name = self.store.to_string();
+        let strict = name.starts_with("AmazonS3") || name.starts_with("GoogleCloudStorage");
+        if strict && self.options.part_size < MIN_PART_SIZE {
+            return Err(Error::invalid(format!(
+                "a part size of {} bytes is under the 5 MiB that {name} accepts for every part \
+                 but the last; set ObjectStoreOptions::part_size to at least MIN_PART_SIZE",
+                self.options.part_size
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Seconds since the Unix epoch.
 fn chrono_now() -> u64 {
     std::time::SystemTime::now()
@@ -273,6 +297,7 @@ impl Storage for ObjectStorage {
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
         let path = self.path(key)?;
         self.capabilities().check(options)?;
+        self.check_part_size().map_err(|e| e.with_key(key))?;
         Ok(Box::new(ObjectSink::new(self.clone(), key, path, options)?))
     }
 

@@ -84,16 +84,18 @@ impl Remote {
             e,
             object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }
         );
-        let message = if changed {
-            "the object changed or vanished since it was opened"
-        } else {
-            "reading a range"
-        };
-        let mut error = convert(message, e).with_key(&self.key).with_offset(offset);
         if changed {
-            error = Error::new(ErrorKind::Io, error.to_string());
+            return Error::new(
+                ErrorKind::Changed,
+                "the object changed or vanished since it was opened",
+            )
+            .with_source(e)
+            .with_key(&self.key)
+            .with_offset(offset);
         }
-        error
+        convert("reading a range", e)
+            .with_key(&self.key)
+            .with_offset(offset)
     }
 }
 

@@ -3,18 +3,11 @@
 
 mod support;
 
-mod in_memory {
-    weightbay_conformance::suite!(super::support::InMemory);
-}
-
-mod local_file_system {
-    weightbay_conformance::suite!(super::support::ByUrl::local_fs());
-}
-
-mod s3 {
-    weightbay_conformance::suite!(super::support::ByUrl::s3());
-}
-
-mod gcs {
-    weightbay_conformance::suite!(super::support::ByUrl::gcs());
+fn main() {
+    weightbay_conformance::Suite::new()
+        .backend("in_memory", support::InMemory)
+        .backend("local_file_system", support::ByUrl::local_fs())
+        .backend("s3", support::ByUrl::s3())
+        .backend("gcs", support::ByUrl::gcs())
+        .run()
 }

@@ -22,6 +22,14 @@ pub enum Defect {
     SwallowsWriteErrors,
     /// Opening a key returns the first container ever committed there.
     ServesStaleReads,
+    /// An overwrite removes the old container, then inserts the new one: for a moment the key
+    /// is missing.
+    DeletesThenInserts,
+    /// `pending()` is not declared and fails with an I/O error instead of Unsupported.
+    PendingFailsAsIo,
+    /// `open` sniffs the stored bytes and refuses what is not a Burnpack container with
+    /// InvalidInput, instead of letting the reader report it corrupt.
+    RefusesUnknownContent,
 }
 
 #[derive(Debug, Default)]
@@ -86,7 +94,17 @@ impl Storage for HashMapStorage {
             .get(key)
             .cloned()
             .ok_or_else(|| Error::new(ErrorKind::NotFound, "no such key").with_key(key))?;
+        if self.defect == Some(Defect::RefusesUnknownContent) && !bytes.starts_with(b"NRUB") {
+            return Err(Error::invalid("not a Burnpack container").with_key(key));
+        }
         Ok(Arc::new(HashMapSource(bytes)))
+    }
+
+    fn pending(&self) -> Result<Vec<String>> {
+        if self.defect == Some(Defect::PendingFailsAsIo) {
+            return Err(Error::new(ErrorKind::Io, "no pending listing here"));
+        }
+        Err(Error::unsupported("no pending listing"))
     }
 
     fn delete(&self, key: &str) -> Result<()> {
@@ -129,6 +147,13 @@ impl Sink for HashMapSink {
         let mut objects = self.storage.lock();
         if check && objects.current.contains_key(&self.key) {
             return Err(Error::new(ErrorKind::AlreadyExists, "key is taken").with_key(&self.key));
+        }
+        if self.storage.defect == Some(Defect::DeletesThenInserts) {
+            objects.current.remove(&self.key);
+            // The gap a remove-then-write backend leaves: another thread may look now.
+            drop(objects);
+            std::thread::yield_now();
+            objects = self.storage.lock();
         }
         let bytes: Arc<[u8]> = self.buffer.into();
         objects
@@ -175,5 +200,14 @@ impl Harness for HashMapHarness {
 
     fn reopen(&self, storage: &HashMapStorage) -> HashMapStorage {
         storage.clone()
+    }
+
+    fn not_applicable(&self) -> &[&'static str] {
+        // Nothing outlives the process, and nothing goes through a file system.
+        &[
+            "power_loss_at_every_operation",
+            "file_system_fault_at_every_operation",
+            "process_crash_at_every_step",
+        ]
     }
 }

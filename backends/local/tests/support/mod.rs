@@ -7,8 +7,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use weightbay::fs::FileSystem;
-use weightbay_conformance::Harness;
-use weightbay_local::LocalStorage;
+use weightbay_conformance::{FaultPlan, FaultyFileSystem, Harness};
+use weightbay_local::{LocalStorage, StdFileSystem};
 
 #[derive(Debug)]
 pub struct Local {
@@ -50,6 +50,13 @@ impl Harness for Local {
 
     fn reopen_at(&self, locator: &str) -> Option<LocalStorage> {
         Some(LocalStorage::new(PathBuf::from(locator)))
+    }
+
+    fn reopen_at_with_faults(&self, locator: &str, faults: FaultPlan) -> Option<LocalStorage> {
+        Some(LocalStorage::with_file_system(
+            locator,
+            Arc::new(FaultyFileSystem::new(Arc::new(StdFileSystem), faults)),
+        ))
     }
 
     fn over_file_system(&self, fs: Arc<dyn FileSystem>) -> Option<LocalStorage> {

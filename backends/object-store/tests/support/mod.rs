@@ -3,20 +3,32 @@
 //! starts. Every fresh storage is its own prefix.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod intercept;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use weightbay_conformance::Harness;
+use intercept::Intercepted;
+use weightbay_conformance::{FaultPlan, Harness};
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions, open_url};
 
-/// Small parts, so the suite's containers go through multipart uploads of many parts.
+/// The cases no object store can run: it does no file I/O through weightbay's file-system seam.
+const NO_FILE_SYSTEM: [&str; 2] = [
+    "power_loss_at_every_operation",
+    "file_system_fault_at_every_operation",
+];
+
+/// Small parts, so the suite's containers over 64 KiB go through multipart uploads, and its
+/// several-parts containers (300 KB) through uploads of five parts.
 pub const SMALL_PARTS: ObjectStoreOptions = ObjectStoreOptions {
     part_size: 64 * 1024,
     parts_in_flight: 3,
     durable: false,
     fetch_budget: 1 << 20,
     fetch_request_len: Some(1 << 20),
-    stale_after: std::time::Duration::from_secs(3600),
+    // The store cannot tell a dead writer's staged upload from a live one's, so cleanup goes
+    // by age; in the suite no writer runs beside a cleanup, so every staged upload is stale.
+    stale_after: std::time::Duration::ZERO,
 };
 
 fn unique_run() -> String {
@@ -40,6 +52,15 @@ impl Harness for InMemory {
 
     fn reopen(&self, storage: &ObjectStorage) -> ObjectStorage {
         storage.clone()
+    }
+
+    fn not_applicable(&self) -> &[&'static str] {
+        // Nothing outlives the process.
+        &[
+            NO_FILE_SYSTEM[0],
+            NO_FILE_SYSTEM[1],
+            "process_crash_at_every_step",
+        ]
     }
 
     fn write_buffer_bound(&self, container_len: u64) -> u64 {
@@ -124,6 +145,7 @@ fn server_parts() -> ObjectStoreOptions {
     ObjectStoreOptions {
         part_size: weightbay_object_store::MIN_PART_SIZE,
         parts_in_flight: 4,
+        stale_after: SMALL_PARTS.stale_after,
         ..ObjectStoreOptions::default()
     }
 }
@@ -157,6 +179,24 @@ impl Harness for ByUrl {
 
     fn reopen_at(&self, locator: &str) -> Option<ObjectStorage> {
         Some(self.open(locator))
+    }
+
+    fn reopen_at_with_faults(&self, locator: &str, faults: FaultPlan) -> Option<ObjectStorage> {
+        let storage = self.open(locator);
+        let store = Intercepted::new(Arc::clone(storage.store()), faults, None);
+        let intercepted = ObjectStorage::new(Arc::new(store))
+            .and_then(|s| s.with_prefix(storage.prefix().as_ref()))
+            .unwrap_or_else(|e| panic!("intercepting {locator}: {e}"));
+        Some(intercepted.with_options(*storage.options()))
+    }
+
+    fn not_applicable(&self) -> &[&'static str] {
+        &NO_FILE_SYSTEM
+    }
+
+    fn several_parts_len(&self) -> usize {
+        // Two and a half parts of whatever size this store takes.
+        self.options.part_size * 5 / 2
     }
 
     fn write_buffer_bound(&self, container_len: u64) -> u64 {

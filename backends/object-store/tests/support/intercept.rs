@@ -1,0 +1,210 @@
+//! A store in front of another: it counts GET requests, applies a conformance [`FaultPlan`] to
+//! every request (so the crash case can kill a writer between the requests of one `commit`),
+//! and can carry one deliberate [`StoreDefect`], for the suite's broken-backend tests.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+};
+use weightbay_conformance::{FaultPlan, InjectedFault};
+
+/// A realistic store bug.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreDefect {
+    /// A multipart upload's second part is acknowledged but never becomes part of the object.
+    DropsSecondPart,
+    /// Reads ignore `If-Match` and the version they pin, and serve whatever is there now.
+    IgnoresPinnedVersion,
+}
+
+/// `inner` with `plan` applied to each request and `defect`, if any, switched on.
+#[derive(Debug)]
+pub struct Intercepted {
+    inner: Arc<dyn ObjectStore>,
+    plan: FaultPlan,
+    defect: Option<StoreDefect>,
+    /// Ranges asked for by GET so far (`get_ranges` counts each range).
+    pub gets: AtomicUsize,
+}
+
+impl Intercepted {
+    pub fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan, defect: Option<StoreDefect>) -> Self {
+        Self {
+            inner,
+            plan,
+            defect,
+            gets: AtomicUsize::new(0),
+        }
+    }
+
+    /// Runs `request` as one counted operation.
+    async fn request<T>(
+        plan: &FaultPlan,
+        name: &'static str,
+        request: impl Future<Output = object_store::Result<T>>,
+    ) -> object_store::Result<T> {
+        let operation = plan.before(name).map_err(injected)?;
+        let result = request.await;
+        plan.after(operation);
+        result
+    }
+}
+
+fn injected(fault: InjectedFault) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "intercepted",
+        source: Box::new(fault),
+    }
+}
+
+// Keeps the inner store's name: the backend recognises S3 by it.
+impl fmt::Display for Intercepted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Intercepted {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        Self::request(
+            &self.plan,
+            "put",
+            self.inner.put_opts(location, payload, opts),
+        )
+        .await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        let inner = Self::request(
+            &self.plan,
+            "start multipart",
+            self.inner.put_multipart_opts(location, opts),
+        )
+        .await?;
+        Ok(Box::new(InterceptedUpload {
+            inner,
+            plan: self.plan.clone(),
+            defect: self.defect,
+            parts: AtomicUsize::new(0),
+        }))
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        mut options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        if self.defect == Some(StoreDefect::IgnoresPinnedVersion) {
+            options.if_match = None;
+            options.version = None;
+        }
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        Self::request(&self.plan, "get", self.inner.get_opts(location, options)).await
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[Range<u64>],
+    ) -> object_store::Result<Vec<Bytes>> {
+        self.gets.fetch_add(ranges.len(), Ordering::SeqCst);
+        Self::request(
+            &self.plan,
+            "get ranges",
+            self.inner.get_ranges(location, ranges),
+        )
+        .await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        match self.plan.before("delete") {
+            Ok(operation) => {
+                let stream = self.inner.delete_stream(locations);
+                self.plan.after(operation);
+                stream
+            }
+            Err(fault) => futures::stream::once(async move { Err(injected(fault)) }).boxed(),
+        }
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        match self.plan.before("list") {
+            Ok(operation) => {
+                let stream = self.inner.list(prefix);
+                self.plan.after(operation);
+                stream
+            }
+            Err(fault) => futures::stream::once(async move { Err(injected(fault)) }).boxed(),
+        }
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        Self::request(
+            &self.plan,
+            "list with delimiter",
+            self.inner.list_with_delimiter(prefix),
+        )
+        .await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        Self::request(&self.plan, "copy", self.inner.copy_opts(from, to, options)).await
+    }
+}
+
+#[derive(Debug)]
+struct InterceptedUpload {
+    inner: Box<dyn MultipartUpload>,
+    plan: FaultPlan,
+    defect: Option<StoreDefect>,
+    parts: AtomicUsize,
+}
+
+#[async_trait]
+impl MultipartUpload for InterceptedUpload {
+    fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        let part = self.parts.fetch_add(1, Ordering::Relaxed) + 1;
+        if part == 2 && self.defect == Some(StoreDefect::DropsSecondPart) {
+            return async { Ok(()) }.boxed();
+        }
+        let upload = self.inner.put_part(data);
+        let plan = self.plan.clone();
+        async move { Intercepted::request(&plan, "put part", upload).await }.boxed()
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        Intercepted::request(&self.plan, "complete multipart", self.inner.complete()).await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        Intercepted::request(&self.plan, "abort multipart", self.inner.abort()).await
+    }
+}
