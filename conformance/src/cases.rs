@@ -164,6 +164,44 @@ fn assert_nothing_pending(case: &str, context: &str, storage: &dyn Storage) {
 
 const KEY: &str = "checkpoints/model.bpk";
 
+/// The key an interrupted-write case writes in `mode`: [`KEY`], which holds the old container,
+/// to overwrite; a free key to create new.
+fn key_for(mode: WriteMode) -> &'static str {
+    if mode == WriteMode::CreateNew {
+        "fresh.bpk"
+    } else {
+        KEY
+    }
+}
+
+/// After a write in `mode` of `new` over `old` was interrupted: the key holds the new container
+/// when the write reported success (`succeeded` names when), else the old one (nothing, for
+/// create-new) or the new one; complete and verifying either way.
+fn assert_old_or_new(
+    case: &str,
+    context: &str,
+    storage: &dyn Storage,
+    mode: WriteMode,
+    old: &ContainerSpec,
+    new: &ContainerSpec,
+    succeeded: Option<&str>,
+) {
+    let new = new.bytes();
+    if let Some(when) = succeeded {
+        let context = format!("{context}, {when}");
+        assert_holds_one_of(case, &context, storage, key_for(mode), &[Some(&new)]);
+        return;
+    }
+    let old = (mode != WriteMode::CreateNew).then(|| old.bytes());
+    assert_holds_one_of(
+        case,
+        context,
+        storage,
+        key_for(mode),
+        &[old.as_deref(), Some(&new)],
+    );
+}
+
 /// Why the file-system cases cannot run on a backend.
 const NO_FILE_SYSTEM: &str = "the backend does not do its I/O through weightbay::fs::FileSystem";
 
@@ -800,11 +838,7 @@ pub fn file_system_fault_at_every_operation<H: Harness>(harness: &H) -> Outcome 
     let old = sample(&[3000, 100], 1);
     let new = sample(&[20_000, 300, 9000], 2);
     for mode in [WriteMode::Overwrite, WriteMode::CreateNew] {
-        let key = if mode == WriteMode::CreateNew {
-            "fresh.bpk"
-        } else {
-            KEY
-        };
+        let key = key_for(mode);
         let workload = |storage: &H::Storage| {
             new.writer()
                 .with_mode(mode)
@@ -857,28 +891,15 @@ pub fn file_system_fault_at_every_operation<H: Harness>(harness: &H) -> Outcome 
             };
             context = format!("{context} ({})", failed(&plan));
             let live = storage_over(Arc::new(disk.clone()));
-            let old_state = if mode == WriteMode::CreateNew {
-                None
-            } else {
-                Some(old.bytes())
-            };
-            if succeeded {
-                assert_holds_one_of(
-                    case,
-                    &format!("{context}, after the workload succeeded"),
-                    &live,
-                    key,
-                    &[Some(&new.bytes())],
-                );
-            } else {
-                assert_holds_one_of(
-                    case,
-                    &context,
-                    &live,
-                    key,
-                    &[old_state.as_deref(), Some(&new.bytes())],
-                );
-            }
+            assert_old_or_new(
+                case,
+                &context,
+                &live,
+                mode,
+                &old,
+                &new,
+                succeeded.then_some("after the workload succeeded"),
+            );
             if let Some(vanished) = before.difference(&disk.files()).next() {
                 fail!(case, "{context}: {} vanished", vanished.display());
             }
@@ -919,11 +940,7 @@ pub fn power_loss_at_every_operation<H: Harness>(harness: &H) -> Outcome {
     let old = sample(&[3000, 100], 1);
     let new = sample(&[20_000, 300, 9000], 2);
     for mode in [WriteMode::Overwrite, WriteMode::CreateNew] {
-        let key = if mode == WriteMode::CreateNew {
-            "fresh.bpk"
-        } else {
-            KEY
-        };
+        let key = key_for(mode);
         let write = |storage: &H::Storage, spec: &ContainerSpec| {
             spec.writer()
                 .with_mode(mode)
@@ -954,28 +971,15 @@ pub fn power_loss_at_every_operation<H: Harness>(harness: &H) -> Outcome {
             let rebooted =
                 over(&image).unwrap_or_else(|| fail!(case, "over_file_system stopped answering"));
             let context = format!("{mode:?}: power lost after operation {n} of {total}");
-            let old_state = if mode == WriteMode::CreateNew {
-                None
-            } else {
-                Some(old.bytes())
-            };
-            if committed {
-                assert_holds_one_of(
-                    case,
-                    &format!("{context}, after commit returned"),
-                    &rebooted,
-                    key,
-                    &[Some(&new.bytes())],
-                );
-            } else {
-                assert_holds_one_of(
-                    case,
-                    &context,
-                    &rebooted,
-                    key,
-                    &[old_state.as_deref(), Some(&new.bytes())],
-                );
-            }
+            assert_old_or_new(
+                case,
+                &context,
+                &rebooted,
+                mode,
+                &old,
+                &new,
+                committed.then_some("after commit returned"),
+            );
         }
     }
     Outcome::Checked
@@ -1031,11 +1035,7 @@ pub fn process_crash_at_every_step<H: Harness>(harness: &H, this_test: &str) -> 
     let new = several_parts(harness, 2);
     let old = sample(&[3000, 100], 1);
     let write = |storage: &dyn Storage, mode: WriteMode| {
-        let key = if mode == WriteMode::CreateNew {
-            "fresh.bpk"
-        } else {
-            KEY
-        };
+        let key = key_for(mode);
         new.writer()
             .with_mode(mode)
             .write_to(storage, key)
@@ -1132,18 +1132,7 @@ pub fn process_crash_at_every_step<H: Harness>(harness: &H, this_test: &str) -> 
             let reopened = harness
                 .reopen_at(&locator)
                 .unwrap_or_else(|| fail!(case, "cannot reopen {locator}"));
-            let (key, allowed_before) = if mode == WriteMode::CreateNew {
-                ("fresh.bpk", None)
-            } else {
-                (KEY, Some(old.bytes()))
-            };
-            assert_holds_one_of(
-                case,
-                &context,
-                &reopened,
-                key,
-                &[allowed_before.as_deref(), Some(&new.bytes())],
-            );
+            assert_old_or_new(case, &context, &reopened, mode, &old, &new, None);
             if reopened.capabilities().pending_listing {
                 reopened
                     .clean_pending()

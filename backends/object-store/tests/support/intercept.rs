@@ -58,6 +58,22 @@ impl Intercepted {
         plan.after(operation);
         result
     }
+
+    /// Starts the stream `start` makes as one counted operation.
+    fn stream<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        start: impl FnOnce() -> BoxStream<'static, object_store::Result<T>>,
+    ) -> BoxStream<'static, object_store::Result<T>> {
+        match self.plan.before(name) {
+            Ok(operation) => {
+                let stream = start();
+                self.plan.after(operation);
+                stream
+            }
+            Err(fault) => futures::stream::once(async move { Err(injected(fault)) }).boxed(),
+        }
+    }
 }
 
 fn injected(fault: InjectedFault) -> object_store::Error {
@@ -140,25 +156,11 @@ impl ObjectStore for Intercepted {
         &self,
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
-        match self.plan.before("delete") {
-            Ok(operation) => {
-                let stream = self.inner.delete_stream(locations);
-                self.plan.after(operation);
-                stream
-            }
-            Err(fault) => futures::stream::once(async move { Err(injected(fault)) }).boxed(),
-        }
+        self.stream("delete", || self.inner.delete_stream(locations))
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        match self.plan.before("list") {
-            Ok(operation) => {
-                let stream = self.inner.list(prefix);
-                self.plan.after(operation);
-                stream
-            }
-            Err(fault) => futures::stream::once(async move { Err(injected(fault)) }).boxed(),
-        }
+        self.stream("list", || self.inner.list(prefix))
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
