@@ -1,18 +1,16 @@
-//! `weightbay`: inspect, verify, copy and benchmark checkpoints on any storage.
+//! `weightbay`: inspect, verify and copy checkpoints on any storage.
 
-mod bench;
 mod demo;
-mod location;
 mod progress;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use location::Location;
 use weightbay::format::Format;
-use weightbay::{Error, ErrorKind, Reader, Result, Scalar, WriteMode};
+use weightbay::{ErrorKind, Reader, Result, Scalar, WriteMode};
+use weightbay_object_store::Location;
 
 /// Checkpoints on local disk, in memory maps, and in object storage.
 #[derive(Parser)]
@@ -63,9 +61,6 @@ enum Command {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
-    /// Measure write and read throughput against this machine's limits and, with the `peers`
-    /// feature, against burn-pack and the safetensors crate on the same data.
-    Bench(bench::Args),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -76,14 +71,14 @@ enum FormatArg {
 
 /// Set by Ctrl-C; a copy in progress stops at its next write and leaves the destination as
 /// it was.
-pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static INTERRUPTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
     match run(cli.command) {
         Ok(code) => code,
-        Err(e) if e.kind() == ErrorKind::Provider && INTERRUPTED.load(Ordering::SeqCst) => {
+        Err(e) if e.kind() == ErrorKind::Interrupted => {
             eprintln!("interrupted: the destination was left as it was");
             ExitCode::from(130)
         }
@@ -94,17 +89,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// object_store's retry policy, with `WEIGHTBAY_MAX_RETRIES` capping the retries of each
+/// request (0: fail at the first error).
+fn retry() -> object_store::RetryConfig {
+    let mut retry = object_store::RetryConfig::default();
+    if let Some(max) = std::env::var("WEIGHTBAY_MAX_RETRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        retry.max_retries = max;
+        retry.retry_timeout = std::time::Duration::from_secs(if max == 0 { 0 } else { 30 });
+    }
+    retry
+}
+
+/// Resolves a path or URL the user gave.
+fn locate(input: &str) -> Result<Location> {
+    Location::parse_with_retry(input, retry())
+}
+
 fn open(location: &Location) -> Result<Reader> {
     let source = location.storage.open(&location.key).map_err(|e| {
-        Error::new(
-            e.kind(),
-            format!(
-                "cannot open `{}` in {}: {}",
-                location.key,
-                location.store,
-                e.message()
-            ),
-        )
+        e.context(format_args!(
+            "cannot open `{}` in {}",
+            location.key, location.store
+        ))
     })?;
     Reader::open(source).map_err(|e| e.with_key(&location.key))
 }
@@ -112,7 +121,7 @@ fn open(location: &Location) -> Result<Reader> {
 fn run(command: Command) -> Result<ExitCode> {
     match command {
         Command::Inspect { url, json } => {
-            let reader = open(&Location::parse(&url)?)?;
+            let reader = open(&locate(&url)?)?;
             if json {
                 println!(
                     "{}",
@@ -127,7 +136,7 @@ fn run(command: Command) -> Result<ExitCode> {
             url,
             require_checksums,
         } => {
-            let reader = open(&Location::parse(&url)?)?;
+            let reader = open(&locate(&url)?)?;
             let report = reader.verify()?;
             if report.checksummed {
                 println!(
@@ -154,7 +163,7 @@ fn run(command: Command) -> Result<ExitCode> {
             format,
             no_clobber,
         } => {
-            let (from, to) = (Location::parse(&src)?, Location::parse(&dst)?);
+            let (from, to) = (locate(&src)?, locate(&dst)?);
             let reader = open(&from)?;
             let format = match format {
                 Some(FormatArg::Burnpack) => Format::Burnpack,
@@ -166,16 +175,14 @@ fn run(command: Command) -> Result<ExitCode> {
             } else {
                 WriteMode::Overwrite
             };
-            let writer = reader.to_writer().with_format(format).with_mode(mode);
+            let writer = reader
+                .to_writer()
+                .with_format(format)
+                .with_mode(mode)
+                .with_cancel(Arc::clone(&INTERRUPTED));
             let total = writer.size()?;
             let storage = progress::Counting::new(Arc::clone(&to.storage), total);
-            let summary = writer.write_to(&storage, &to.key).map_err(|e| {
-                if INTERRUPTED.load(Ordering::SeqCst) {
-                    Error::new(ErrorKind::Provider, "interrupted")
-                } else {
-                    e
-                }
-            })?;
+            let summary = writer.write_to(&storage, &to.key)?;
             storage.finish();
             eprintln!(
                 "copied {} tensors, {} bytes, as {format}, to {dst}",
@@ -184,16 +191,6 @@ fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo { size_mib, dir } => demo::run(size_mib, dir).map(|()| ExitCode::SUCCESS),
-        Command::Bench(args) => bench::run(&args).map(|()| ExitCode::SUCCESS),
-    }
-}
-
-fn scalar_text(scalar: &Scalar) -> String {
-    match scalar {
-        Scalar::Int(v) => format!("{v} (int)"),
-        Scalar::UInt(v) => format!("{v} (uint)"),
-        Scalar::Float(v) => format!("{v} (float)"),
-        Scalar::Bool(v) => format!("{v} (bool)"),
     }
 }
 
@@ -251,7 +248,7 @@ fn inspect_table(reader: &Reader) -> String {
     if !reader.scalars().is_empty() {
         out += "\nscalars:\n";
         for (k, v) in reader.scalars() {
-            out += &format!("  {k} = {}\n", scalar_text(v));
+            out += &format!("  {k} = {}\n", v);
         }
     }
     out

@@ -1,13 +1,9 @@
-//! A storage decorator that counts the bytes a copy writes: it drives the progress bar and
-//! stops the copy when Ctrl-C was pressed.
+//! A storage decorator that counts the bytes a copy writes, to drive the progress bar.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use weightbay::{Capabilities, CreateOptions, Error, ErrorKind, Result, Sink, Source, Storage};
-
-use crate::INTERRUPTED;
+use weightbay::{Capabilities, CreateOptions, Result, Sink, Source, Storage};
 
 /// Forwards to a storage; its sinks report progress. The bar draws only on a terminal.
 #[derive(Debug)]
@@ -62,30 +58,18 @@ struct CountingSink {
     bar: ProgressBar,
 }
 
-impl CountingSink {
-    fn check_interrupt(&self) -> Result<()> {
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            return Err(Error::new(ErrorKind::Provider, "interrupted"));
-        }
-        Ok(())
-    }
-}
-
 impl Sink for CountingSink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
-        self.check_interrupt()?;
         self.inner.write(data)?;
         self.bar.inc(data.len() as u64);
         Ok(())
     }
     fn pad(&mut self, len: u64) -> Result<()> {
-        self.check_interrupt()?;
         self.inner.pad(len)?;
         self.bar.inc(len);
         Ok(())
     }
     fn commit(self: Box<Self>) -> Result<()> {
-        self.check_interrupt()?;
         self.inner.commit()
     }
 }

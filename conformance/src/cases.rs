@@ -696,9 +696,11 @@ pub fn sharded_checkpoint_is_all_or_nothing<H: Harness>(harness: &H) -> Outcome 
             .collect()
     };
     let write = |storage: &dyn Storage| {
-        ShardedWriter::new(tensors())
-            .with_shard_len(6000)
-            .write_to(storage, "ckpt")
+        ShardedWriter::new(
+            Writer::new(tensors()).with_format(weightbay::format::Format::Safetensors),
+        )
+        .with_shard_len(6000)
+        .write_to(storage, "ckpt")
     };
     let index = "ckpt/model.safetensors.index.json";
     if !harness.fresh().capabilities().atomic_create_new {

@@ -119,7 +119,7 @@ pub fn tensor() -> impl Strategy<Value = TensorSpec> {
     )
         .prop_flat_map(|(name, dtype, shape, param_id, deferred)| {
             let len = match dtype.byte_len(&shape) {
-                Some(Some(len)) => len as usize..len as usize + 1,
+                weightbay::ByteLen::Exact(len) => len as usize..len as usize + 1,
                 _ => 0..200,
             };
             proptest::collection::vec(any::<u8>(), len).prop_map(move |data| TensorSpec {

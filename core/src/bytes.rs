@@ -14,6 +14,12 @@ use std::sync::Arc;
 
 use crate::{Error, ErrorKind, Result};
 
+/// A reference-counted, immutable buffer: the `bytes` crate's `Bytes`, re-exported so that
+/// every signature that takes or returns one names it the same way and users need not depend
+/// on `bytes` themselves. [`Bytes`] (this module's) is what a load returns: bytes behind an
+/// [`AllocationController`] that says where they live.
+pub use ::bytes::Bytes as SharedBytes;
+
 /// What kind of memory a controller hands out. Runtimes use it to pick a staging strategy
 /// (a GPU upload copies `File` or `Remote` bytes through pinned memory, but not `Pinned`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -113,28 +119,19 @@ pub trait AllocationController: Send + Sync + fmt::Debug {
     /// An owning handle to `[start, end)` whose address stays fixed for as long as the handle
     /// lives, even after this controller is dropped (an mmap, a shared buffer); `None` when the
     /// memory cannot outlive its controller or is not resident.
-    fn retain(&self, start: usize, end: usize) -> Option<bytes::Bytes> {
+    fn retain(&self, start: usize, end: usize) -> Option<SharedBytes> {
         let _ = (start, end);
         None
     }
 }
 
-/// Host memory whose address and contents stay fixed for as long as the value lives.
-///
-/// # Safety
-/// Implementors guarantee that [`stable_bytes`](Self::stable_bytes) returns the same pointer
-/// and length on every call, valid until the value is dropped, so a runtime may hand the
-/// address to a device (a DMA source) for that long.
-pub unsafe trait StableHostMemory: Send + Sync {
-    /// The memory.
-    fn stable_bytes(&self) -> &[u8];
-}
-
 /// A region of host memory kept alive and in place, independent of the source, reader and
-/// payload that produced it (an mmap stays mapped while a region of it lives).
+/// payload that produced it (an mmap stays mapped while a region of it lives). Its address and
+/// contents stay fixed for as long as any clone lives, so a runtime may hand
+/// [`as_ptr`](Self::as_ptr) to a device (a DMA source) for that long.
 #[derive(Clone)]
 pub struct RetainedHostMemoryRegion {
-    owner: bytes::Bytes,
+    owner: SharedBytes,
 }
 
 impl RetainedHostMemoryRegion {
@@ -184,13 +181,6 @@ impl fmt::Debug for RetainedHostMemoryRegion {
             self.owner.as_ptr(),
             self.owner.len()
         )
-    }
-}
-
-// SAFETY: a `bytes::Bytes` never moves or changes its memory while a handle to it lives.
-unsafe impl StableHostMemory for RetainedHostMemoryRegion {
-    fn stable_bytes(&self) -> &[u8] {
-        &self.owner
     }
 }
 
@@ -317,12 +307,12 @@ impl AllocationController for HeapVec {
 
 /// A `bytes::Bytes` (static data, a shared buffer, an owner such as an mmap).
 #[derive(Debug)]
-struct SharedBytes {
-    bytes: bytes::Bytes,
+struct SharedController {
+    bytes: SharedBytes,
     property: AllocationProperty,
 }
 
-impl AllocationController for SharedBytes {
+impl AllocationController for SharedController {
     fn len(&self) -> usize {
         self.bytes.len()
     }
@@ -342,7 +332,7 @@ impl AllocationController for SharedBytes {
         }))
     }
 
-    fn retain(&self, start: usize, end: usize) -> Option<bytes::Bytes> {
+    fn retain(&self, start: usize, end: usize) -> Option<SharedBytes> {
         Some(self.bytes.slice(start..end))
     }
 }
@@ -401,8 +391,8 @@ impl Bytes {
 
     /// Shares a `bytes::Bytes` (zero-copy), reporting `property` (for example
     /// [`AllocationProperty::Mmap`] for a map wrapped with `bytes::Bytes::from_owner`).
-    pub fn from_shared(bytes: bytes::Bytes, property: AllocationProperty) -> Self {
-        Self::from_controller(Box::new(SharedBytes { bytes, property }))
+    pub fn from_shared(bytes: SharedBytes, property: AllocationProperty) -> Self {
+        Self::from_controller(Box::new(SharedController { bytes, property }))
     }
 
     /// Number of bytes; never materializes anything.
@@ -540,8 +530,8 @@ impl From<Vec<u8>> for Bytes {
     }
 }
 
-impl From<bytes::Bytes> for Bytes {
-    fn from(data: bytes::Bytes) -> Self {
+impl From<SharedBytes> for Bytes {
+    fn from(data: SharedBytes) -> Self {
         Self::from_shared(data, AllocationProperty::Shared)
     }
 }

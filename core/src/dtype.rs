@@ -34,14 +34,9 @@ pub struct QuantScheme {
 }
 
 impl QuantScheme {
-    /// Wraps one complete CBOR data item (the value of the `QFloat` key).
-    ///
-    /// # Errors
-    /// [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) when `cbor` is not exactly one
-    /// well-formed CBOR item.
-    pub fn from_cbor(cbor: &[u8]) -> crate::Result<Self> {
-        crate::format::cbor::check_single_item(cbor)?;
-        Ok(Self { cbor: cbor.into() })
+    /// Wraps a CBOR item the caller has checked (`from_cbor`, in the Burnpack codec, checks).
+    pub(crate) fn from_checked_cbor(cbor: &[u8]) -> Self {
+        Self { cbor: cbor.into() }
     }
 
     /// The scheme's CBOR encoding, exactly as stored.
@@ -87,7 +82,7 @@ pub enum DType {
 
 impl DType {
     /// The plain dtypes that have a fixed element size, in Burnpack's spelling order.
-    pub const FIXED: [DType; 16] = [
+    pub const FIXED: &'static [DType] = &[
         DType::F64,
         DType::F32,
         DType::Flex32,
@@ -118,20 +113,19 @@ impl DType {
         })
     }
 
-    /// The byte length a tensor of this dtype and `shape` must have: `None` when it
-    /// overflows `u64`, `Some(None)` for QFloat (not derivable from the shape).
-    pub fn byte_len(&self, shape: &[u64]) -> Option<Option<u64>> {
+    /// The byte length a tensor of this dtype and `shape` must have.
+    pub fn byte_len(&self, shape: &[u64]) -> ByteLen {
         let Some(size) = self.element_size() else {
-            return Some(None);
+            return ByteLen::Unknown;
         };
         // A zero dimension makes the product zero, however large the others are.
         if shape.contains(&0) {
-            return Some(Some(0));
+            return ByteLen::Exact(0);
         }
         shape
             .iter()
             .try_fold(size, |acc, &dim| acc.checked_mul(dim))
-            .map(Some)
+            .map_or(ByteLen::Overflow, ByteLen::Exact)
     }
 
     /// The Burnpack text spelling of a plain dtype (`"F32"`); `None` for Bool and QFloat,
@@ -203,6 +197,62 @@ impl fmt::Display for DType {
     }
 }
 
+/// A plain number type: its [`DType`] and its little-endian encoding, so tensors of it are
+/// built and read without byte juggling or `unsafe` in user code
+/// ([`Tensor::from_slice`](crate::Tensor::from_slice),
+/// [`Reader::read_as`](crate::Reader::read_as)). Implemented for `f32`, `f64`, `i8` to `i64`
+/// and `u8` to `u64`; sealed.
+pub trait Element: Copy + sealed::Sealed + Send + Sync + 'static {
+    /// The dtype a tensor of this type has.
+    const DTYPE: DType;
+    /// Bytes per element.
+    const SIZE: usize;
+    /// Appends the element's little-endian bytes.
+    fn put_le(self, out: &mut Vec<u8>);
+    /// The element whose little-endian bytes `bytes` (exactly [`SIZE`](Self::SIZE) of them)
+    /// holds.
+    fn from_le(bytes: &[u8]) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($($type:ty => $dtype:ident),*) => {
+        $(
+            impl sealed::Sealed for $type {}
+            impl Element for $type {
+                const DTYPE: DType = DType::$dtype;
+                const SIZE: usize = size_of::<$type>();
+                fn put_le(self, out: &mut Vec<u8>) {
+                    out.extend_from_slice(&self.to_le_bytes());
+                }
+                fn from_le(bytes: &[u8]) -> Self {
+                    // Callers pass exactly SIZE bytes; a short slice reads as zero-padded.
+                    let mut le = [0u8; size_of::<$type>()];
+                    let n = bytes.len().min(le.len());
+                    le[..n].copy_from_slice(&bytes[..n]);
+                    <$type>::from_le_bytes(le)
+                }
+            }
+        )*
+    };
+}
+element!(f32 => F32, f64 => F64, i8 => I8, i16 => I16, i32 => I32, i64 => I64,
+         u8 => U8, u16 => U16, u32 => U32, u64 => U64);
+
+/// The byte length [`DType::byte_len`] derives from a shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ByteLen {
+    /// Exactly this many bytes.
+    Exact(u64),
+    /// Not derivable from the shape: a QFloat tensor's length depends on its scheme's packing.
+    Unknown,
+    /// The shape's element count times the element size does not fit in `u64`.
+    Overflow,
+}
+
 /// A named scalar stored beside the tensors (an epoch, a learning rate, a flag).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scalar {
@@ -210,6 +260,40 @@ pub enum Scalar {
     UInt(u64),
     Float(f64),
     Bool(bool),
+}
+
+/// `Kind:value`, the spelling weightbay uses where a scalar must travel as text (safetensors
+/// metadata, the command line): `Int:-1`, `UInt:7`, `Float:0.001`, `Bool:true`. A float keeps
+/// every digit needed to read back the same value.
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Int(v) => write!(f, "Int:{v}"),
+            Self::UInt(v) => write!(f, "UInt:{v}"),
+            Self::Float(v) => write!(f, "Float:{v:?}"),
+            Self::Bool(v) => write!(f, "Bool:{v}"),
+        }
+    }
+}
+
+/// Parses the [`Display`](fmt::Display) spelling back.
+impl std::str::FromStr for Scalar {
+    type Err = crate::Error;
+
+    fn from_str(text: &str) -> crate::Result<Self> {
+        let parsed = match text.split_once(':') {
+            Some(("Int", v)) => v.parse().ok().map(Self::Int),
+            Some(("UInt", v)) => v.parse().ok().map(Self::UInt),
+            Some(("Float", v)) => v.parse().ok().map(Self::Float),
+            Some(("Bool", v)) => v.parse().ok().map(Self::Bool),
+            _ => None,
+        };
+        parsed.ok_or_else(|| {
+            crate::Error::invalid(format!(
+                "`{text}` is not a scalar (Int:-1, UInt:7, Float:0.5, Bool:true)"
+            ))
+        })
+    }
 }
 
 macro_rules! scalar_from {

@@ -34,6 +34,8 @@ pub enum ErrorKind {
     Io,
     /// A tensor provider (user code) failed or panicked.
     Provider,
+    /// The caller cancelled the operation (`Writer::with_cancel`, Ctrl-C in the CLI).
+    Interrupted,
 }
 
 impl ErrorKind {
@@ -50,6 +52,7 @@ impl ErrorKind {
             Self::Changed => "changed since opened",
             Self::Io => "I/O error",
             Self::Provider => "tensor provider failed",
+            Self::Interrupted => "interrupted",
         }
     }
 }
@@ -172,10 +175,32 @@ impl Error {
         self
     }
 
-    /// Attaches the underlying cause.
+    /// Attaches the underlying cause, unless one is attached already: an outer layer adds
+    /// what it knows with [`context`](Self::context) and never replaces the original cause.
     #[must_use]
     pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
-        self.0.source = Some(source.into());
+        if self.0.source.is_none() {
+            self.0.source = Some(source.into());
+        }
+        self
+    }
+
+    /// Says what was being done when the error happened, in front of the message
+    /// (`"{context}: {message}"`), keeping the kind, operation, key, tensor, offset and the
+    /// source chain.
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    /// use weightbay::{Error, ErrorKind};
+    /// let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+    /// let err = Error::io("opening", io).with_key("m.bpk").context("loading the model");
+    /// assert_eq!(err.kind(), ErrorKind::NotFound);
+    /// assert_eq!(err.message(), "loading the model: opening");
+    /// assert!(err.source().is_some_and(|s| s.is::<std::io::Error>()));
+    /// ```
+    #[must_use]
+    pub fn context(mut self, context: impl fmt::Display) -> Self {
+        self.0.message = format!("{context}: {}", self.0.message);
         self
     }
 
@@ -235,5 +260,41 @@ impl Inner {
             let _ = write!(out, ": {source}");
         }
         out
+    }
+}
+
+/// An I/O error of the matching kind wrapping the weightbay error, for code that speaks
+/// `std::io` (as `object_store` converts its errors); [`From<std::io::Error>`] unwraps it again.
+impl From<Error> for std::io::Error {
+    fn from(error: Error) -> Self {
+        use std::io::ErrorKind as Io;
+        let kind = match error.kind() {
+            ErrorKind::NotFound => Io::NotFound,
+            ErrorKind::AlreadyExists => Io::AlreadyExists,
+            ErrorKind::Corrupt => Io::InvalidData,
+            ErrorKind::InvalidInput | ErrorKind::LimitExceeded => Io::InvalidInput,
+            ErrorKind::Unsupported => Io::Unsupported,
+            ErrorKind::OutOfRange => Io::UnexpectedEof,
+            ErrorKind::Interrupted => Io::Interrupted,
+            ErrorKind::WouldCopy | ErrorKind::Changed | ErrorKind::Io | ErrorKind::Provider => {
+                Io::Other
+            }
+        };
+        Self::new(kind, error)
+    }
+}
+
+/// The weightbay error an I/O error carries (see [`From<Error> for std::io::Error`]), or an
+/// error of the matching kind with the I/O error as its source.
+impl From<std::io::Error> for Error {
+    fn from(error: std::io::Error) -> Self {
+        if !error.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+            return Self::io("I/O failed", error);
+        }
+        match error.into_inner().map(|inner| inner.downcast::<Error>()) {
+            Some(Ok(ours)) => *ours,
+            // Not reached: the inner error was checked to be ours just above.
+            _ => Self::new(ErrorKind::Io, "an I/O error lost its cause"),
+        }
     }
 }

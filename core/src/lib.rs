@@ -15,9 +15,9 @@ pub mod writer;
 
 pub use bytes::{
     AccessPolicy, AllocationController, AllocationProperty, Bytes, RetainedHostMemoryRegion,
-    StableHostMemory,
+    SharedBytes,
 };
-pub use dtype::{BoolStore, DType, QuantScheme, Scalar};
+pub use dtype::{BoolStore, ByteLen, DType, Element, QuantScheme, Scalar};
 pub use error::{Error, ErrorKind, Result};
 pub use format::Format;
 pub use memory::{MemorySource, MemoryStorage};
@@ -25,6 +25,6 @@ pub use reader::{ReadOptions, Reader, TensorInfo, Validation, VerifyReport};
 pub use storage::{
     Capabilities, CreateOptions, Durability, LazyRegion, Sink, Source, Storage, WriteMode,
 };
-pub use tensor::{Provider, Tensor};
+pub use tensor::Tensor;
 pub use weights::{WeightComponentPayload, WeightComponentSpec, WeightSource};
 pub use writer::{WriteSummary, Writer};

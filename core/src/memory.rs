@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::bytes::SharedBytes;
 use crate::storage::{
     Capabilities, CreateOptions, Sink, Source, Storage, WriteMode, check_range, validate_key,
 };
@@ -142,12 +143,12 @@ impl Drop for MemorySink {
 /// A [`Source`] over bytes in memory; [`bytes`](Source::bytes) is zero-copy.
 #[derive(Debug, Clone)]
 pub struct MemorySource {
-    data: bytes::Bytes,
+    data: SharedBytes,
 }
 
 impl MemorySource {
     /// A source over `data`.
-    pub fn new(data: bytes::Bytes) -> Self {
+    pub fn new(data: SharedBytes) -> Self {
         Self { data }
     }
 

@@ -6,20 +6,25 @@
 use std::collections::BTreeMap;
 
 use crate::format::Format;
-use crate::storage::{CreateOptions, Storage, WriteMode};
+use crate::storage::{CreateOptions, Storage, WriteMode, unique_token};
 use crate::{Error, Result, Tensor, Writer};
 
-/// Writes a checkpoint as shards of about `shard_len` bytes plus an index.
+/// Writes a checkpoint as shards of about `shard_len` bytes plus an index. Every shard is
+/// written with the settings of the [`Writer`] it is given (format, metadata, scalars,
+/// trailer, alignment, durability, limits, cancellation); its write mode is not used, since
+/// shards get names of their own and the index is always created new.
 ///
 /// ```
 /// use std::sync::Arc;
+/// use weightbay::format::Format;
 /// use weightbay::sharded::ShardedWriter;
 /// use weightbay::weights::{ShardedWeights, WeightComponentSpec, WeightSource};
-/// use weightbay::{DType, MemoryStorage, Tensor};
+/// use weightbay::{DType, MemoryStorage, Tensor, Writer};
 ///
 /// let storage = MemoryStorage::new();
 /// let tensors = (0..4).map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![i as u8; 1000])).collect();
-/// let summary = ShardedWriter::new(tensors).with_shard_len(2000).write_to(&storage, "ckpt")?;
+/// let writer = Writer::new(tensors).with_format(Format::Safetensors);
+/// let summary = ShardedWriter::new(writer).with_shard_len(2000).write_to(&storage, "ckpt")?;
 /// assert_eq!(summary.shards.len(), 2);
 ///
 /// let weights = ShardedWeights::open(Arc::new(storage), &summary.index)?;
@@ -29,9 +34,7 @@ use crate::{Error, Result, Tensor, Writer};
 /// ```
 #[derive(Debug)]
 pub struct ShardedWriter {
-    tensors: Vec<Tensor>,
-    metadata: BTreeMap<String, String>,
-    format: Format,
+    writer: Writer,
     shard_len: u64,
     name: String,
 }
@@ -48,13 +51,10 @@ pub struct ShardedSummary {
 }
 
 impl ShardedWriter {
-    /// Shards of `tensors`, in order; by default safetensors shards of at most 5 GB, named
-    /// `model`.
-    pub fn new(tensors: Vec<Tensor>) -> Self {
+    /// Shards of the writer's tensors, in order, of at most 5 GB each, named `model`.
+    pub fn new(writer: Writer) -> Self {
         Self {
-            tensors,
-            metadata: BTreeMap::new(),
-            format: Format::Safetensors,
+            writer,
             shard_len: 5_000_000_000,
             name: "model".into(),
         }
@@ -67,24 +67,10 @@ impl ShardedWriter {
         self
     }
 
-    /// The shards' format (safetensors by default).
-    #[must_use]
-    pub fn with_format(mut self, format: Format) -> Self {
-        self.format = format;
-        self
-    }
-
     /// The base name of the index and shards (`model` by default).
     #[must_use]
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
-        self
-    }
-
-    /// Adds a metadata string to every shard.
-    #[must_use]
-    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.metadata.insert(key.into(), value.into());
         self
     }
 
@@ -101,7 +87,8 @@ impl ShardedWriter {
         storage: &S,
         directory: &str,
     ) -> Result<ShardedSummary> {
-        let extension = match self.format {
+        let format = self.writer.format();
+        let extension = match format {
             Format::Burnpack => "bpk",
             Format::Safetensors => "safetensors",
         };
@@ -112,8 +99,9 @@ impl ShardedWriter {
         };
         let index = format!("{prefix}{}.{extension}.index.json", self.name);
 
+        let (tensors, settings) = self.writer.into_parts();
         let mut groups: Vec<(Vec<Tensor>, u64)> = Vec::new();
-        for tensor in self.tensors {
+        for tensor in tensors {
             let len = tensor.byte_len();
             match groups.last_mut() {
                 Some((group, size)) if *size + len <= self.shard_len => {
@@ -127,18 +115,14 @@ impl ShardedWriter {
             groups.push((Vec::new(), 0));
         }
         // Unique to this writer, so two writers racing never overwrite each other's shards.
-        let run = {
-            use std::hash::BuildHasher;
-            std::collections::hash_map::RandomState::new()
-                .hash_one((std::process::id(), std::time::SystemTime::now()))
-        };
+        let run = unique_token();
         let count = groups.len();
         let mut weight_map = BTreeMap::new();
         let mut shards = Vec::with_capacity(count);
         let mut total_size = 0u64;
         for (number, (group, _)) in groups.into_iter().enumerate() {
             let file = format!(
-                "{}-{run:016x}-{:05}-of-{count:05}.{extension}",
+                "{}-{run}-{:05}-of-{count:05}.{extension}",
                 self.name,
                 number + 1
             );
@@ -148,12 +132,11 @@ impl ShardedWriter {
             }
             // Shard names are unique, so a plain overwrite is safe (and, on object stores,
             // cheaper than create-new); only the index needs create-new.
-            let mut writer = Writer::new(group).with_format(self.format);
-            for (key, value) in &self.metadata {
-                writer = writer.with_metadata(key, value);
-            }
             let key = format!("{prefix}{file}");
-            writer.write_to(storage, &key)?;
+            settings
+                .with_tensors(group)
+                .with_mode(WriteMode::Overwrite)
+                .write_to(storage, &key)?;
             shards.push(key);
         }
         let body = serde_json::json!({
@@ -164,6 +147,7 @@ impl ShardedWriter {
             serde_json::to_vec_pretty(&body).map_err(|e| Error::invalid(format!("index: {e}")))?;
         let options = CreateOptions::default()
             .with_mode(WriteMode::CreateNew)
+            .with_durability(settings.durability())
             .with_expected_len(bytes.len() as u64);
         let mut sink = storage
             .create(&index, &options)

@@ -247,8 +247,9 @@ pub enum Durability {
     Durable,
 }
 
-/// Options for [`Storage::create`].
+/// Options for [`Storage::create`]: `CreateOptions::default()` and the `with_` setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub struct CreateOptions {
     /// Overwrite, create-new or in-place.
     pub mode: WriteMode,
@@ -458,6 +459,24 @@ forward_storage!(&S, Box<S>, Arc<S>);
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
+
+/// A token no other write uses at the same time, in any process on any machine: this
+/// process's id, a per-process counter and a random number (`4242-7-9f0c…`). Writers and
+/// backends build the names of staged uploads and shards from it.
+pub fn unique_token() -> String {
+    use std::hash::BuildHasher;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    // A fresh random key per call (the standard library seeds each RandomState anew).
+    let random = std::collections::hash_map::RandomState::new().hash_one((
+        pid,
+        n,
+        std::time::SystemTime::now(),
+    ));
+    format!("{pid}-{n}-{random:016x}")
+}
 
 /// Checks that `key` is a relative `/`-separated path: non-empty, at most [`MAX_KEY_LEN`]
 /// bytes, no empty, `.` or `..` segment, no leading `/`, no backslash or NUL. Every backend

@@ -4,10 +4,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::dtype::Element;
 use crate::{Bytes, DType, Result};
 
 /// Produces a deferred tensor's bytes. Called once per write, in write order.
-pub type Provider = Arc<dyn Fn() -> Result<Bytes> + Send + Sync>;
+type Provider = Arc<dyn Fn() -> Result<Bytes> + Send + Sync>;
 
 #[derive(Clone)]
 enum Data {
@@ -51,6 +52,29 @@ impl Tensor {
             param_id: None,
             data: Data::Resident(bytes.into()),
         }
+    }
+
+    /// A tensor of plain numbers, copied from `data` in their little-endian encoding.
+    ///
+    /// ```
+    /// use weightbay::{MemoryStorage, Reader, Tensor, Writer};
+    /// let storage = MemoryStorage::new();
+    /// Writer::new(vec![Tensor::from_slice("w", [2, 2], &[1.0f32, 2.0, 3.0, 4.0])])
+    ///     .write_to(&storage, "model.bpk")?;
+    /// let reader = Reader::open_key(&storage, "model.bpk")?;
+    /// assert_eq!(reader.read_as::<f32>("w")?, [1.0, 2.0, 3.0, 4.0]);
+    /// # Ok::<(), weightbay::Error>(())
+    /// ```
+    pub fn from_slice<T: Element>(
+        name: impl Into<String>,
+        shape: impl Into<Vec<u64>>,
+        data: &[T],
+    ) -> Self {
+        let mut bytes = Vec::with_capacity(std::mem::size_of_val(data));
+        for &element in data {
+            element.put_le(&mut bytes);
+        }
+        Self::new(name, T::DTYPE, shape, bytes)
     }
 
     /// A tensor whose `byte_len` bytes `provider` produces when the writer reaches it. The

@@ -26,8 +26,6 @@ pub enum WeightEncoding {
 pub struct WeightComponentSpec {
     /// The component's identity in the runtime (`layers.0.mlp.gate_up`).
     pub id: String,
-    /// What the runtime uses it for (`weight`, `bias`, `scale`).
-    pub role: String,
     /// The checkpoint tensors that make it up, in order (one, or several packed together).
     pub tensors: Vec<String>,
     /// The component's dimensions.
@@ -45,7 +43,6 @@ impl WeightComponentSpec {
         Self {
             tensors: vec![id.clone()],
             id,
-            role: "weight".into(),
             dimensions: dimensions.into(),
             encoding: WeightEncoding::Dense(dtype),
             required: true,
@@ -142,7 +139,7 @@ pub struct StoredTensor {
 /// Where a runtime gets its weights.
 ///
 /// # Contract
-/// [`tensor`](Self::tensor) returns a checkpoint tensor by its external name, or `None`. The
+/// [`stored_tensor`](Self::stored_tensor) returns a checkpoint tensor by its external name, or `None`. The
 /// provided methods do the validation, so every source checks the same things: the spec's
 /// identity and shape, the tensors' presence and order, the element type, and the exact byte
 /// length (block-grid aware).
@@ -151,7 +148,7 @@ pub trait WeightSource: Send + Sync {
     ///
     /// # Errors
     /// The backing's errors.
-    fn tensor(&self, name: &str) -> Result<Option<StoredTensor>>;
+    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>>;
 
     /// The component's bytes as ordered segments, one per checkpoint tensor, without copying
     /// them together. `None` when a tensor is missing and the component is not required.
@@ -162,12 +159,7 @@ pub trait WeightSource: Send + Sync {
     /// tensor of a required component, [`ErrorKind::Corrupt`] for a dtype or length that does
     /// not match; each names the component and the tensor.
     fn component_segments(&self, spec: &WeightComponentSpec) -> Result<Option<Vec<WeightSegment>>> {
-        let in_component = |e: Error| {
-            Error::new(
-                e.kind(),
-                format!("component `{}`: {}", spec.id, e.message()),
-            )
-        };
+        let in_component = |e: Error| e.context(format_args!("component `{}`", spec.id));
         if spec.id.is_empty() || spec.tensors.is_empty() {
             return Err(
                 Error::invalid("a component needs an id and at least one tensor")
@@ -179,7 +171,7 @@ pub trait WeightSource: Send + Sync {
         let mut total = 0u64;
         for name in &spec.tensors {
             let Some(stored) = self
-                .tensor(name)
+                .stored_tensor(name)
                 .map_err(|e| in_component(e).with_tensor(name))?
             else {
                 if spec.required {
@@ -266,8 +258,8 @@ pub trait WeightSource: Send + Sync {
 }
 
 impl WeightSource for Reader {
-    fn tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
-        let Ok(info) = Reader::tensor(self, name) else {
+    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let Ok(info) = self.tensor(name) else {
             return Ok(None);
         };
         Ok(Some(StoredTensor {
@@ -278,24 +270,19 @@ impl WeightSource for Reader {
     }
 }
 
-/// Checks a shard file name from an index: relative, non-empty, no `.` or `..` segment, no
-/// backslash, no leading `/`.
+/// Checks a shard file name from an index: it must be a valid key
+/// ([`validate_key`](crate::storage::validate_key): relative, non-empty, no `.` or `..`
+/// segment, no backslash or NUL, at most 1024 bytes).
 ///
 /// # Errors
 /// [`ErrorKind::Corrupt`] naming the file.
 pub fn check_shard_name(name: &str) -> Result<()> {
-    let bad = name.is_empty()
-        || name.starts_with('/')
-        || name.contains('\\')
-        || name
-            .split('/')
-            .any(|segment| matches!(segment, "" | "." | ".."));
-    if bad {
-        return Err(Error::corrupt(format!(
+    crate::storage::validate_key(name).map_err(|e| {
+        Error::corrupt(format!(
             "index names shard `{name}`, which is not a plain relative path"
-        )));
-    }
-    Ok(())
+        ))
+        .with_source(e)
+    })
 }
 
 /// A checkpoint split into shards, found through an index (`model.safetensors.index.json`,
@@ -379,12 +366,12 @@ impl ShardedWeights {
 }
 
 impl WeightSource for ShardedWeights {
-    fn tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
         let Some(file) = self.weight_map.get(name) else {
             return Ok(None);
         };
         let shard = self.shard(file)?;
-        match WeightSource::tensor(shard.as_ref(), name)? {
+        match shard.stored_tensor(name)? {
             Some(stored) => Ok(Some(stored)),
             None => Err(Error::corrupt(format!(
                 "the index puts it in `{file}`, which does not hold it"

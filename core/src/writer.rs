@@ -3,11 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::format::cbor::{self, DescriptorRef};
-use crate::format::{
-    self, Format, Limits, SCALAR_METADATA_PREFIX, TENSOR_ALIGNMENT, align_up, safetensors, trailer,
-};
+use crate::dtype::ByteLen;
+use crate::format::{Contents, Format, Limits, Plan, burnpack, safetensors, trailer};
 use crate::storage::{CreateOptions, Durability, Sink, Storage, WriteMode};
 use crate::{AccessPolicy, Bytes, Error, ErrorKind, Result, Scalar, Tensor};
 
@@ -17,26 +17,9 @@ pub const WRITE_CHUNK_LEN: usize = 8 * 1024 * 1024;
 /// few large sink writes instead of two calls each.
 const GATHER_BELOW: usize = 64 * 1024;
 
-/// The layout decided before any byte moves.
-struct Plan {
-    /// Every byte before the data section: header, metadata, padding.
-    head: Vec<u8>,
-    data_start: u64,
-    /// Each tensor's start relative to the data section, in writer order.
-    starts: Vec<u64>,
-    /// End of the last tensor, relative to the data section.
-    data_len: u64,
-    trailer_len: u64,
-}
-
-impl Plan {
-    fn total_len(&self) -> u64 {
-        self.data_start + self.data_len + self.trailer_len
-    }
-}
-
 /// What [`Writer::write_to`] published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WriteSummary {
     /// Total bytes of the container.
     pub len: u64,
@@ -67,11 +50,14 @@ pub struct Writer {
     tensors: Vec<Tensor>,
     metadata: BTreeMap<String, String>,
     scalars: BTreeMap<String, Scalar>,
-    alignment: u64,
+    /// `None`: the format's own.
+    alignment: Option<u64>,
     trailer: bool,
     mode: WriteMode,
     durability: Durability,
     format: Format,
+    limits: Limits,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Writer {
@@ -81,17 +67,20 @@ impl Writer {
             tensors,
             metadata: BTreeMap::new(),
             scalars: BTreeMap::new(),
-            alignment: TENSOR_ALIGNMENT,
+            alignment: None,
             trailer: true,
             mode: WriteMode::Overwrite,
             durability: Durability::Default,
             format: Format::Burnpack,
+            limits: Limits::default(),
+            cancel: None,
         }
     }
 
     /// Burnpack (the default) or safetensors. safetensors has no parameter ids (they are
     /// dropped), no alignment option and no trailer; scalars travel in its `__metadata__`
-    /// (see [`SCALAR_METADATA_PREFIX`]); a dtype it cannot store fails naming the tensor.
+    /// (see [`SCALAR_METADATA_PREFIX`](safetensors::SCALAR_METADATA_PREFIX)); a dtype it
+    /// cannot store fails naming the tensor.
     #[must_use]
     pub fn with_format(mut self, format: Format) -> Self {
         self.format = format;
@@ -114,9 +103,10 @@ impl Writer {
 
     /// Places every tensor at an absolute offset that is a multiple of `alignment` (a power
     /// of two, at least 256; 4096 suits direct I/O). Burnpack readers read the result as is.
+    /// safetensors has no alignment option and refuses it.
     #[must_use]
     pub fn with_alignment(mut self, alignment: u64) -> Self {
-        self.alignment = alignment;
+        self.alignment = Some(alignment);
         self
     }
 
@@ -140,6 +130,57 @@ impl Writer {
     pub fn with_durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
         self
+    }
+
+    /// The hardening limits the container must respect (the defaults are burn-pack's), as a
+    /// reader takes them in [`ReadOptions`](crate::ReadOptions).
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Stops the write when `cancel` becomes true: checked before every write the sink gets
+    /// and before the commit, so a cancelled write fails with [`ErrorKind::Interrupted`] and,
+    /// like any failed write, leaves the key as it was.
+    #[must_use]
+    pub fn with_cancel(mut self, cancel: Arc<AtomicBool>) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
+    /// The format the container is written in.
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
+    /// The durability asked of the storage.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The tensors, and a writer with the same settings and none (to write several containers
+    /// alike, as [`ShardedWriter`](crate::sharded::ShardedWriter) does).
+    pub(crate) fn into_parts(self) -> (Vec<Tensor>, Self) {
+        let mut settings = self;
+        let tensors = std::mem::take(&mut settings.tensors);
+        (tensors, settings)
+    }
+
+    /// A writer with these settings and `tensors`.
+    pub(crate) fn with_tensors(&self, tensors: Vec<Tensor>) -> Self {
+        Self {
+            tensors,
+            metadata: self.metadata.clone(),
+            scalars: self.scalars.clone(),
+            alignment: self.alignment,
+            trailer: self.trailer,
+            mode: self.mode,
+            durability: self.durability,
+            format: self.format,
+            limits: self.limits,
+            cancel: self.cancel.clone(),
+        }
     }
 
     /// The exact length of the container, computed without producing any tensor.
@@ -199,16 +240,17 @@ impl Writer {
             tensors: self.tensors.len(),
             trailer: plan.trailer_len > 0,
         };
-        let options = CreateOptions {
-            mode: self.mode,
-            durability: self.durability,
-            expected_len: Some(summary.len),
-        };
+        let options = CreateOptions::default()
+            .with_mode(self.mode)
+            .with_durability(self.durability)
+            .with_expected_len(summary.len);
         let mut sink = storage
             .create(key, &options)
             .map_err(|e| e.with_operation("create").with_key(key))?;
+        let cancel = self.cancel.clone();
         self.stream(&plan, sink.as_mut())
             .map_err(|e| e.with_operation("write").with_key(key))?;
+        check_cancel(cancel.as_deref()).map_err(|e| e.with_key(key))?;
         sink.commit()
             .map_err(|e| e.with_operation("commit").with_key(key))?;
         Ok(summary)
@@ -225,14 +267,10 @@ impl Writer {
         Ok(plan.total_len())
     }
 
+    /// Checks what every format requires (limits, lengths, unique names), then lets the
+    /// format lay the container out.
     fn plan(&self) -> Result<Plan> {
-        let limits = Limits::default();
-        let alignment = self.alignment;
-        if !alignment.is_power_of_two() || alignment < TENSOR_ALIGNMENT {
-            return Err(Error::invalid(format!(
-                "alignment {alignment} is not a power of two of at least {TENSOR_ALIGNMENT}"
-            )));
-        }
+        let limits = self.limits;
         if self.tensors.len() > limits.max_tensor_count {
             return Err(Error::new(
                 ErrorKind::LimitExceeded,
@@ -243,149 +281,36 @@ impl Writer {
                 ),
             ));
         }
-        let mut by_name = BTreeMap::new();
-        for (index, tensor) in self.tensors.iter().enumerate() {
+        let mut names = std::collections::BTreeSet::new();
+        for tensor in &self.tensors {
             check_tensor(tensor, &limits).map_err(|e| e.with_tensor(tensor.name()))?;
-            if by_name.insert(tensor.name(), index).is_some() {
+            if !names.insert(tensor.name()) {
                 return Err(Error::invalid("duplicate tensor name").with_tensor(tensor.name()));
             }
-            if self.format == Format::Burnpack && !tensor.dtype().in_burnpack() {
-                let message = format!("{} has no Burnpack counterpart", tensor.dtype());
-                return Err(Error::unsupported(message).with_tensor(tensor.name()));
-            }
         }
-        if self.format == Format::Safetensors {
-            return self.plan_safetensors(&limits);
-        }
-
-        // Offsets are stored in the metadata, whose length decides where the data section
-        // starts. At the default alignment the offsets do not depend on that start, so one
-        // pass with minimal integers gives burn-pack's exact bytes. Above it they do, so the
-        // offsets take a fixed width: the metadata length is then known before the offsets are.
-        let fixed_width = alignment != TENSOR_ALIGNMENT;
-        let encode = |starts: &[u64]| {
-            let descriptors: Vec<DescriptorRef<'_>> = by_name
-                .values()
-                .map(|&index| {
-                    let tensor = &self.tensors[index];
-                    DescriptorRef {
-                        name: tensor.name(),
-                        dtype: tensor.dtype(),
-                        shape: tensor.shape(),
-                        offsets: (starts[index], starts[index] + tensor.byte_len()),
-                        param_id: tensor.param_id(),
-                    }
-                })
-                .collect();
-            cbor::encode(&descriptors, &self.metadata, &self.scalars, fixed_width)
+        let contents = Contents {
+            tensors: &self.tensors,
+            metadata: &self.metadata,
+            scalars: &self.scalars,
+            alignment: self.alignment,
+            trailer: self.trailer,
         };
-        let (mut starts, mut data_len) = self.place(TENSOR_ALIGNMENT)?;
-        let mut metadata = encode(&starts);
-        let data_start = format::data_section_start(metadata.len() as u64);
-        if fixed_width {
-            (starts, data_len) = self.place(data_start)?;
-            metadata = encode(&starts);
+        match self.format {
+            Format::Burnpack => burnpack::plan(&contents, &limits),
+            Format::Safetensors => safetensors::plan(&contents, &limits),
         }
-        if metadata.len() as u64 > limits.max_metadata_len {
-            return Err(Error::new(
-                ErrorKind::LimitExceeded,
-                format!(
-                    "metadata of {} bytes is over the limit of {}",
-                    metadata.len(),
-                    limits.max_metadata_len
-                ),
-            ));
-        }
-        let trailer_len = if self.trailer {
-            trailer::trailer_len(self.tensors.len())
-        } else {
-            0
-        };
-        let metadata_len = u32::try_from(metadata.len())
-            .map_err(|_| Error::new(ErrorKind::LimitExceeded, "metadata longer than 4 GiB"))?;
-        let mut head = Vec::with_capacity(usize::try_from(data_start).unwrap_or(0));
-        head.extend_from_slice(&format::encode_header(metadata_len));
-        head.extend_from_slice(&metadata);
-        head.resize(usize::try_from(data_start).unwrap_or(0), 0);
-        Ok(Plan {
-            head,
-            data_start,
-            starts,
-            data_len,
-            trailer_len,
-        })
-    }
-
-    /// The safetensors layout: tensors back to back in writer order after the JSON header.
-    fn plan_safetensors(&self, limits: &Limits) -> Result<Plan> {
-        if self.alignment != TENSOR_ALIGNMENT {
-            return Err(Error::unsupported("safetensors has no alignment option"));
-        }
-        let mut starts = Vec::with_capacity(self.tensors.len());
-        let mut end = 0u64;
-        for tensor in &self.tensors {
-            starts.push(end);
-            end += tensor.byte_len();
-        }
-        let descriptors: Vec<DescriptorRef<'_>> = self
-            .tensors
-            .iter()
-            .zip(&starts)
-            .map(|(tensor, &start)| DescriptorRef {
-                name: tensor.name(),
-                dtype: tensor.dtype(),
-                shape: tensor.shape(),
-                offsets: (start, start + tensor.byte_len()),
-                param_id: None,
-            })
-            .collect();
-        let mut metadata = self.metadata.clone();
-        for (name, scalar) in &self.scalars {
-            let value = match *scalar {
-                Scalar::Int(v) => format!("Int:{v}"),
-                Scalar::UInt(v) => format!("UInt:{v}"),
-                Scalar::Float(v) => format!("Float:{v:?}"),
-                Scalar::Bool(v) => format!("Bool:{v}"),
-            };
-            metadata.insert(format!("{SCALAR_METADATA_PREFIX}{name}"), value);
-        }
-        let head = safetensors::encode(&descriptors, &metadata)?;
-        if head.len() as u64 > limits.max_metadata_len {
-            let message = format!(
-                "safetensors header of {} bytes is over the limit",
-                head.len()
-            );
-            return Err(Error::new(ErrorKind::LimitExceeded, message));
-        }
-        Ok(Plan {
-            data_start: head.len() as u64,
-            head,
-            starts,
-            data_len: end,
-            trailer_len: 0,
-        })
-    }
-
-    /// Relative starts for every tensor given the data section's start, and the data length.
-    fn place(&self, data_start: u64) -> Result<(Vec<u64>, u64)> {
-        let mut starts = Vec::with_capacity(self.tensors.len());
-        let mut end = 0u64;
-        for tensor in &self.tensors {
-            let start = align_up(data_start + end, self.alignment) - data_start;
-            end = start.checked_add(tensor.byte_len()).ok_or_else(|| {
-                Error::new(ErrorKind::OutOfRange, "container larger than 2^64 bytes")
-            })?;
-            starts.push(start);
-        }
-        Ok((starts, end))
     }
 
     fn stream(self, plan: &Plan, sink: &mut dyn Sink) -> Result<()> {
-        let mut out = Emitter::new(sink, plan.trailer_len > 0);
+        let mut out = Emitter::new(sink, plan.trailer_len > 0, self.cancel.as_deref());
         out.write(&plan.head)?;
         let prefix_crc = out.take_crc();
 
-        let mut crcs = Vec::with_capacity(if self.trailer { self.tensors.len() } else { 0 });
+        let mut crcs = Vec::with_capacity(if plan.trailer_len > 0 {
+            self.tensors.len()
+        } else {
+            0
+        });
         let mut position = 0;
         for (tensor, &start) in self.tensors.iter().zip(&plan.starts) {
             out.pad(start - position)?;
@@ -398,6 +323,17 @@ impl Writer {
         }
         out.flush()
     }
+}
+
+/// [`ErrorKind::Interrupted`] once `cancel` is set.
+fn check_cancel(cancel: Option<&AtomicBool>) -> Result<()> {
+    if cancel.is_some_and(|flag| flag.load(Ordering::SeqCst)) {
+        return Err(Error::new(
+            ErrorKind::Interrupted,
+            "the write was cancelled",
+        ));
+    }
+    Ok(())
 }
 
 fn check_tensor(tensor: &Tensor, limits: &Limits) -> Result<()> {
@@ -422,16 +358,16 @@ fn check_tensor(tensor: &Tensor, limits: &Limits) -> Result<()> {
         ));
     }
     match tensor.dtype().byte_len(tensor.shape()) {
-        None => Err(Error::invalid(format!(
+        ByteLen::Overflow => Err(Error::invalid(format!(
             "shape {:?} overflows",
             tensor.shape()
         ))),
-        Some(Some(expected)) if expected != len => Err(Error::invalid(format!(
+        ByteLen::Exact(expected) if expected != len => Err(Error::invalid(format!(
             "{len} bytes, but {} × {:?} needs {expected}",
             tensor.dtype(),
             tensor.shape()
         ))),
-        Some(_) => Ok(()),
+        ByteLen::Exact(_) | ByteLen::Unknown => Ok(()),
     }
 }
 
@@ -483,15 +419,17 @@ const CHECKSUM_IN_PARALLEL_FROM: usize = 1 << 20;
 /// container gets a trailer.
 struct Emitter<'a> {
     sink: &'a mut dyn Sink,
+    cancel: Option<&'a AtomicBool>,
     buffer: Vec<u8>,
     checksums: bool,
     crc: u32,
 }
 
 impl<'a> Emitter<'a> {
-    fn new(sink: &'a mut dyn Sink, checksums: bool) -> Self {
+    fn new(sink: &'a mut dyn Sink, checksums: bool, cancel: Option<&'a AtomicBool>) -> Self {
         Self {
             sink,
+            cancel,
             // Grown on demand: a checkpoint of large tensors only ever buffers its header.
             buffer: Vec::new(),
             checksums,
@@ -516,16 +454,18 @@ impl<'a> Emitter<'a> {
         if !self.checksums || data.len() < CHECKSUM_IN_PARALLEL_FROM {
             self.checksum(data);
             for chunk in data.chunks(WRITE_CHUNK_LEN) {
+                check_cancel(self.cancel)?;
                 self.sink.write(chunk)?;
             }
             return Ok(());
         }
         // The checksum runs on a second core while the sink copies the bytes out, so the
         // trailer costs no time on top of the write.
-        let sink = &mut self.sink;
+        let (sink, cancel) = (&mut self.sink, self.cancel);
         let data_crc = std::thread::scope(|scope| {
             let checksum = scope.spawn(|| trailer::crc32c(data));
             for chunk in data.chunks(WRITE_CHUNK_LEN) {
+                check_cancel(cancel)?;
                 sink.write(chunk)?;
             }
             // The checksum cannot panic; recomputing keeps this free of an unwrap all the same.
@@ -548,11 +488,13 @@ impl<'a> Emitter<'a> {
             return Ok(());
         }
         self.flush()?;
+        check_cancel(self.cancel)?;
         self.sink.pad(len)
     }
 
     fn flush(&mut self) -> Result<()> {
         if !self.buffer.is_empty() {
+            check_cancel(self.cancel)?;
             self.sink.write(&self.buffer)?;
             self.buffer.clear();
         }

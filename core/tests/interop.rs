@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use weightbay::{DType, QuantScheme, Reader, Scalar, Tensor, Writer};
+use weightbay::{ByteLen, DType, QuantScheme, Reader, Scalar, Tensor, Writer};
 
 #[path = "common/burn.rs"]
 mod burn;
@@ -104,9 +104,9 @@ mod strategies {
             proptest::option::of(any::<u64>()),
         )
             .prop_flat_map(|(name, dtype, shape, param_id)| {
-                let len = match dtype.byte_len(&shape).unwrap() {
-                    Some(len) => len as usize..len as usize + 1,
-                    None => 0..300, // QFloat: any packed length
+                let len = match dtype.byte_len(&shape) {
+                    ByteLen::Exact(len) => len as usize..len as usize + 1,
+                    _ => 0..300, // QFloat: any packed length
                 };
                 proptest::collection::vec(any::<u8>(), len).prop_map(move |data| TensorParts {
                     name: name.clone(),

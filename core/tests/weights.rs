@@ -72,7 +72,6 @@ fn block_quantized_lengths_follow_the_block_grid() {
     // 3 rows of 5 values, blocks of 4 values in 1 byte: 2 blocks per row, 6 bytes.
     let spec = WeightComponentSpec {
         id: "q4".into(),
-        role: "weight".into(),
         tensors: vec!["q4".into()],
         dimensions: vec![3, 5],
         encoding: WeightEncoding::BlockQuantized {
@@ -140,8 +139,7 @@ fn sharded_checkpoints_resolve_names_across_shards() {
         let tensors = (0..5)
             .map(|i| Tensor::new(format!("layer{i}"), DType::U8, [1000], vec![i as u8; 1000]))
             .collect();
-        let summary = ShardedWriter::new(tensors)
-            .with_format(format)
+        let summary = ShardedWriter::new(Writer::new(tensors).with_format(format))
             .with_shard_len(2500)
             .write_to(storage.as_ref(), "run/7")
             .unwrap();
@@ -162,8 +160,7 @@ fn sharded_checkpoints_resolve_names_across_shards() {
             );
         }
         // A second writer cannot claim the same checkpoint.
-        let again = ShardedWriter::new(vec![])
-            .with_format(format)
+        let again = ShardedWriter::new(Writer::new(vec![]).with_format(format))
             .write_to(storage.as_ref(), "run/7")
             .unwrap_err();
         assert_eq!(again.kind(), ErrorKind::AlreadyExists);

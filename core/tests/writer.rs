@@ -332,3 +332,49 @@ fn lazy_regions_stream_in_windows_and_copy_between_storages() {
         reader.read("t").unwrap()
     );
 }
+
+/// A cancelled write stops before its next sink write with `Interrupted`, and the key keeps
+/// what it held.
+#[test]
+fn a_cancelled_write_is_interrupted_and_leaves_the_key() {
+    let storage = MemoryStorage::new();
+    Writer::new(vec![Tensor::from_slice("w", [2], &[1u32, 2])])
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let cancel = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trigger = Arc::clone(&cancel);
+    let tensors = vec![
+        Tensor::new("a", DType::U8, [1 << 20], vec![1u8; 1 << 20]),
+        // Cancelled while the writer produces the second tensor, as Ctrl-C would.
+        Tensor::deferred("b", DType::U8, [1 << 20], 1 << 20, move || {
+            trigger.store(true, Ordering::SeqCst);
+            Ok(Bytes::from(vec![2u8; 1 << 20]))
+        }),
+    ];
+    let error = Writer::new(tensors)
+        .with_cancel(cancel)
+        .write_to(&storage, "m.bpk")
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Interrupted, "{error}");
+    let reader = Reader::open_key(&storage, "m.bpk").unwrap();
+    assert_eq!(reader.read_as::<u32>("w").unwrap(), [1, 2]);
+}
+
+/// Typed reads check the element type.
+#[test]
+fn typed_reads_check_the_dtype() {
+    let storage = MemoryStorage::new();
+    Writer::new(vec![
+        Tensor::from_slice("f", [3], &[0.5f64, -1.0, 2.25]),
+        Tensor::from_slice("i", [2], &[-7i16, 9]),
+    ])
+    .write_to(&storage, "m.bpk")
+    .unwrap();
+    let reader = Reader::open_key(&storage, "m.bpk").unwrap();
+    assert_eq!(reader.tensor("f").unwrap().dtype(), &DType::F64);
+    assert_eq!(reader.read_as::<f64>("f").unwrap(), [0.5, -1.0, 2.25]);
+    assert_eq!(reader.read_as::<i16>("i").unwrap(), [-7, 9]);
+    let error = reader.read_as::<f32>("f").unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput);
+    assert_eq!(error.tensor(), Some("f"));
+}

@@ -23,7 +23,7 @@ use burn::{TensorParts, to_burn_scalar};
 pub fn reader(input: &[u8]) {
     for validation in [Validation::Strict, Validation::Lenient] {
         let source = Arc::new(MemorySource::new(bytes::Bytes::copy_from_slice(input)));
-        let Ok(reader) = Reader::open_with(source, ReadOptions { validation, ..ReadOptions::default() }) else {
+        let Ok(reader) = Reader::open_with(source, ReadOptions::default().with_validation(validation)) else {
             continue;
         };
         for info in reader.tensors() {
@@ -86,7 +86,7 @@ fn tensor_input(u: &mut Unstructured<'_>, qfloat: &DType) -> arbitrary::Result<T
     let rank = u.int_in_range(0..=3)?;
     let shape = (0..rank).map(|_| u.int_in_range(0..=5u64)).collect::<arbitrary::Result<Vec<_>>>()?;
     let len = match dtype.byte_len(&shape) {
-        Some(Some(len)) => len as usize,
+        weightbay::ByteLen::Exact(len) => len as usize,
         _ => u.int_in_range(0..=64)?,
     };
     let fill: u8 = u.arbitrary()?;
@@ -188,7 +188,7 @@ fn bridge() -> weightbay_object_store::Bridge {
 
 /// Small parts, so the model's containers are multipart uploads.
 fn small_parts() -> weightbay_object_store::ObjectStoreOptions {
-    weightbay_object_store::ObjectStoreOptions { part_size: 512, parts_in_flight: 2, ..Default::default() }
+    weightbay_object_store::ObjectStoreOptions::DEFAULT.with_part_size(512).with_parts_in_flight(2)
 }
 
 /// A fresh storage of the chosen backend, and what must live as long as it.

@@ -280,3 +280,30 @@ fn a_replaced_container_is_released() {
         vec![4; 1 << 20]
     );
 }
+
+/// A failed file operation reaches the caller with its `io::Error` in the source chain, so a
+/// program can look at the OS error, and converts to an `io::Error` of the same kind.
+#[test]
+fn a_local_failure_keeps_its_io_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    let error = Reader::open_key(&storage, "missing.bpk").unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::NotFound);
+    assert_eq!(error.key(), Some("missing.bpk"));
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    let mut found = None;
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            found = Some(io.kind());
+        }
+        cause = e.source();
+    }
+    assert_eq!(found, Some(std::io::ErrorKind::NotFound), "{error:?}");
+    let as_io = std::io::Error::from(error);
+    assert_eq!(as_io.kind(), std::io::ErrorKind::NotFound);
+    let back = weightbay::Error::from(as_io);
+    assert_eq!(
+        (back.kind(), back.key()),
+        (ErrorKind::NotFound, Some("missing.bpk"))
+    );
+}

@@ -44,7 +44,7 @@ fn in_place_writes_are_refused() {
 /// as the validated bytes, still mapped after the source, reader and payload are dropped.
 #[test]
 fn retained_regions_outlive_source_reader_and_payload() {
-    use weightbay::{StableHostMemory, WeightComponentSpec, WeightSource};
+    use weightbay::{WeightComponentSpec, WeightSource};
     let dir = tempfile::tempdir().unwrap();
     let storage = MmapStorage::new(dir.path());
     let data: Vec<u8> = (0..64).collect();
@@ -66,7 +66,7 @@ fn retained_regions_outlive_source_reader_and_payload() {
     drop(storage);
     std::fs::remove_file(dir.path().join("m.bpk")).unwrap();
     assert_eq!(
-        region.stable_bytes(),
+        region.as_slice(),
         &data[..],
         "the map outlives everything that made it"
     );

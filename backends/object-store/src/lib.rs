@@ -35,6 +35,7 @@
 //! ```
 
 mod error;
+mod location;
 mod runtime;
 mod sink;
 mod source;
@@ -43,6 +44,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
+pub use location::Location;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme};
 pub use runtime::Bridge;
@@ -61,8 +63,10 @@ pub const MAX_PARTS: u64 = 10_000;
 /// use.
 pub const STAGING_DIR: &str = ".weightbay-staging";
 
-/// Tuning for an [`ObjectStorage`].
+/// Tuning for an [`ObjectStorage`]: [`ObjectStoreOptions::DEFAULT`] and the `with_` setters
+/// (usable in a `const`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ObjectStoreOptions {
     /// The smallest part size, raised for large containers so they fit in 10,000 parts.
     /// Default 8 MiB. S3 and GCS refuse parts under [`MIN_PART_SIZE`] (except the last);
@@ -92,18 +96,63 @@ pub struct ObjectStoreOptions {
 
 impl Default for ObjectStoreOptions {
     fn default() -> Self {
-        Self {
-            part_size: 8 * 1024 * 1024,
-            parts_in_flight: 8,
-            durable: false,
-            fetch_budget: 256 * 1024 * 1024,
-            fetch_request_len: Some(64 * 1024 * 1024),
-            stale_after: Duration::from_secs(3600),
-        }
+        Self::DEFAULT
     }
 }
 
 impl ObjectStoreOptions {
+    /// The defaults each field documents.
+    pub const DEFAULT: Self = Self {
+        part_size: 8 * 1024 * 1024,
+        parts_in_flight: 8,
+        durable: false,
+        fetch_budget: 256 * 1024 * 1024,
+        fetch_request_len: Some(64 * 1024 * 1024),
+        stale_after: Duration::from_secs(3600),
+    };
+
+    /// Sets [`part_size`](Self::part_size).
+    #[must_use]
+    pub const fn with_part_size(mut self, part_size: usize) -> Self {
+        self.part_size = part_size;
+        self
+    }
+
+    /// Sets [`parts_in_flight`](Self::parts_in_flight).
+    #[must_use]
+    pub const fn with_parts_in_flight(mut self, parts: usize) -> Self {
+        self.parts_in_flight = parts;
+        self
+    }
+
+    /// Sets [`durable`](Self::durable).
+    #[must_use]
+    pub const fn with_durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Sets [`fetch_budget`](Self::fetch_budget).
+    #[must_use]
+    pub const fn with_fetch_budget(mut self, bytes: usize) -> Self {
+        self.fetch_budget = bytes;
+        self
+    }
+
+    /// Sets [`fetch_request_len`](Self::fetch_request_len).
+    #[must_use]
+    pub const fn with_fetch_request_len(mut self, len: Option<u64>) -> Self {
+        self.fetch_request_len = len;
+        self
+    }
+
+    /// Sets [`stale_after`](Self::stale_after).
+    #[must_use]
+    pub const fn with_stale_after(mut self, age: Duration) -> Self {
+        self.stale_after = age;
+        self
+    }
+
     /// The part size for a container of `total_len` bytes (unknown: the configured size).
     ///
     /// The configured size, exactly, unless the container would then need more than
@@ -355,14 +404,21 @@ where
     K: AsRef<str>,
     V: Into<String>,
 {
-    open_url_with_retry(url, options, object_store::RetryConfig::default())
+    open_url_with(url, options, Retry::default())
 }
+
+/// How cloud stores retry: object_store's policy when a cloud store is built in.
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+type Retry = object_store::RetryConfig;
+#[cfg(not(any(feature = "aws", feature = "gcp", feature = "azure")))]
+type Retry = ();
 
 /// [`open_url`] with an explicit retry policy for the cloud stores (object_store's default
 /// retries for up to three minutes; a command-line tool may want to give up sooner).
 ///
 /// # Errors
 /// As [`open_url`].
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 pub fn open_url_with_retry<I, K, V>(
     url: &str,
     options: I,
@@ -373,16 +429,29 @@ where
     K: AsRef<str>,
     V: Into<String>,
 {
+    open_url_with(url, options, retry)
+}
+
+fn open_url_with<I, K, V>(url: &str, options: I, retry: Retry) -> Result<ObjectStorage>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: Into<String>,
+{
     let bad = |message: String| Error::invalid(message);
     let parsed = url::Url::parse(url).map_err(|e| bad(format!("`{url}` is not a URL: {e}")))?;
     let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
         .map_err(|e| bad(format!("`{url}` names no known object store: {e}")))?;
+    #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
     let configure =
         |message: &str, e: object_store::Error| convert(message.to_owned(), e).with_key(url);
+    #[cfg(not(any(feature = "aws", feature = "gcp", feature = "azure")))]
+    let _ = (retry, options);
     let mut durable = true;
     // Whether the store runs on this machine, which changes how loads are split.
     let local;
     let store: Arc<dyn ObjectStore> = match scheme {
+        #[cfg(feature = "aws")]
         ObjectStoreScheme::AmazonS3 => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
             let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
@@ -409,6 +478,7 @@ where
                     .map_err(|e| configure("configuring S3", e))?,
             )
         }
+        #[cfg(feature = "gcp")]
         ObjectStoreScheme::GoogleCloudStorage => {
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
             let mut builder = GoogleCloudStorageBuilder::from_env()
@@ -430,6 +500,7 @@ where
                     .map_err(|e| configure("configuring GCS", e))?,
             )
         }
+        #[cfg(feature = "azure")]
         ObjectStoreScheme::MicrosoftAzure => {
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
             let mut builder = MicrosoftAzureBuilder::from_env()
@@ -465,17 +536,18 @@ where
         other => {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                format!("{other:?} stores are not supported"),
+                format!(
+                    "{other:?} stores are not supported (weightbay-object-store has the features \
+                     aws, gcp and azure for S3, GCS and Azure)"
+                ),
             )
             .with_key(url));
         }
     };
-    let defaults = ObjectStoreOptions::default();
-    let options = ObjectStoreOptions {
-        durable,
-        fetch_request_len: defaults.fetch_request_len.filter(|_| !local),
-        ..defaults
-    };
+    let defaults = ObjectStoreOptions::DEFAULT;
+    let options = defaults
+        .with_durable(durable)
+        .with_fetch_request_len(defaults.fetch_request_len.filter(|_| !local));
     Ok(ObjectStorage::new(store)?
         .with_prefix(prefix.as_ref())?
         .with_options(options))

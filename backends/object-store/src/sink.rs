@@ -139,12 +139,7 @@ impl ObjectSink {
     /// Starts the multipart upload, to a staging key for create-new.
     fn start_upload(&mut self) -> Result<()> {
         let path = if self.create_new {
-            let unique = format!(
-                "{}-{}-{}",
-                std::process::id(),
-                crate::chrono_now(),
-                rand_suffix()
-            );
+            let unique = weightbay::storage::unique_token();
             self.key.split('/').fold(
                 self.storage.prefix.clone().join(STAGING_DIR).join(unique),
                 |p, s| p.join(s),
@@ -215,9 +210,9 @@ impl ObjectSink {
                 let context = self.context("uploading", &upload);
                 abort(&bridge, upload);
                 return Err(e
+                    .context(context)
                     .with_key(&self.key)
-                    .with_operation("commit")
-                    .with_source(Error::new(ErrorKind::Io, context)));
+                    .with_operation("commit"));
             }
         }
         let path = upload.path.clone();
@@ -339,11 +334,6 @@ impl ObjectSink {
             .run(async move { store.delete(&staged).await });
         outcome
     }
-}
-
-fn rand_suffix() -> u64 {
-    use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now())
 }
 
 fn wait_part(

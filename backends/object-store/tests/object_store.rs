@@ -97,10 +97,7 @@ fn fetch_coalesces_adjacent_ranges_and_pins_the_version() {
 #[test]
 fn fetch_splits_long_runs_at_the_request_length() {
     let (store, storage) = counting();
-    let storage = storage.with_options(ObjectStoreOptions {
-        fetch_request_len: Some(12_000),
-        ..SMALL_PARTS
-    });
+    let storage = storage.with_options(SMALL_PARTS.with_fetch_request_len(Some(12_000)));
     let (.., gets) = fetch_ten_tensors(&store, &storage);
     assert_eq!(gets, 5, "two 5000-byte tensors per 12,000-byte request");
 }
@@ -359,4 +356,46 @@ fn urls_choose_how_loads_are_split() {
     assert_eq!(s3("http://[::1]:9000"), None);
     assert_eq!(s3("https://s3.example.com"), remote);
     assert_eq!(s3("http://127.example.com"), remote);
+}
+
+/// Walks `error`'s source chain to the `object_store::Error` that caused it.
+fn store_cause(error: &weightbay::Error) -> Option<&object_store::Error> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(store) = e.downcast_ref::<object_store::Error>() {
+            return Some(store);
+        }
+        cause = e.source();
+    }
+    None
+}
+
+/// A failed request reaches the caller with the store's own error in the source chain: on
+/// object_store's InMemory store, and on the S3 server when it runs.
+#[test]
+fn a_store_failure_keeps_its_cause() {
+    let check = |storage: &ObjectStorage| {
+        let error = Reader::open_key(storage, "missing.bpk").unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::NotFound);
+        assert_eq!(error.key(), Some("missing.bpk"));
+        assert!(
+            matches!(
+                store_cause(&error),
+                Some(object_store::Error::NotFound { .. })
+            ),
+            "{error:?}"
+        );
+    };
+    check(&counting().1);
+    let s3 = ByUrl::s3();
+    match s3.unavailable() {
+        None => check(&s3.fresh()),
+        Some(why) => {
+            assert!(
+                std::env::var("WEIGHTBAY_REQUIRE_SERVERS").as_deref() != Ok("1"),
+                "{why} (WEIGHTBAY_REQUIRE_SERVERS=1)"
+            );
+            eprintln!("S3 part skipped: {why}");
+        }
+    }
 }

@@ -1,12 +1,28 @@
-//! The Burnpack v1 container: header, CBOR metadata, aligned tensor data, and weightbay's
-//! optional integrity trailer. docs/FORMAT.md specifies it byte by byte.
+//! The container formats. This module holds what they share: the tensor layout a reader
+//! validates and a writer plans, and the hardening limits. Each format's whole codec (detect,
+//! parse and validate, plan and encode) lives in its own module: [`burnpack`] and
+//! [`safetensors`]. docs/FORMAT.md specifies both byte by byte.
+//!
+//! A third format is one new module with the same three functions (`looks_like`, `parse`,
+//! `plan`), a [`Format`] variant, and one match arm in each dispatcher: `Reader`'s detection
+//! and open, and `Writer`'s plan. The format modules depend on this one, never the reverse,
+//! and never on each other (`core/tests/module_graph.rs` fails on any import cycle).
 
-pub(crate) mod cbor;
-pub(crate) mod safetensors;
+pub mod burnpack;
+pub mod safetensors;
 pub(crate) mod trailer;
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use crate::dtype::{ByteLen, DType, Scalar};
+use crate::error::{Error, ErrorKind, Result};
+use crate::storage::Source;
+use crate::tensor::Tensor;
 
 /// The container formats weightbay reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Format {
     /// Burnpack v1 (burn's `burn-pack`), with weightbay's optional integrity trailer.
     #[default]
@@ -35,20 +51,7 @@ impl std::fmt::Display for Format {
     }
 }
 
-/// Scalars have no place in safetensors; they travel in its `__metadata__` under this prefix,
-/// spelled `<Kind>:<value>` (`Int:-1`, `Float:0.001`), and come back as scalars when read.
-pub const SCALAR_METADATA_PREFIX: &str = "weightbay.scalar.";
-
-/// Magic number at offset 0, little endian (`4e 52 55 42`, "NRUB" on disk).
-pub const MAGIC: u32 = 0x4255_524E;
-/// The Burnpack format version written and read.
-pub const VERSION: u16 = 1;
-/// Length of the fixed header: magic (4), version (2), metadata length (4).
-pub const HEADER_LEN: u64 = 10;
-/// Alignment of the data section and of every tensor's offset within it.
-pub const TENSOR_ALIGNMENT: u64 = 256;
-
-/// Largest CBOR metadata block accepted or written (burn-pack's limit).
+/// Largest metadata block (or safetensors header) accepted or written (burn-pack's limit).
 pub const MAX_METADATA_LEN: u64 = 100 * 1024 * 1024;
 /// Most tensors in one container (burn-pack's limit).
 pub const MAX_TENSOR_COUNT: usize = 100_000;
@@ -62,6 +65,7 @@ pub const MAX_TENSOR_RANK: usize = 64;
 /// The hardening limits a reader enforces and a writer respects. Every limit is checked
 /// before anything sized by it is allocated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Largest metadata block, in bytes.
     pub max_metadata_len: u64,
@@ -87,9 +91,153 @@ impl Default for Limits {
     }
 }
 
-/// Where the data section starts for a metadata block of `metadata_len` bytes.
-pub fn data_section_start(metadata_len: u64) -> u64 {
-    align_up(HEADER_LEN + metadata_len, TENSOR_ALIGNMENT)
+/// How strictly a container is validated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Validation {
+    /// The default: version 1, 256-aligned and non-overlapping tensors, no duplicate keys,
+    /// no extra bytes in the metadata block, nothing after the data but a valid trailer, and
+    /// (checked by `verify`) zero padding. Like burn-pack, it ignores unknown fields and reads
+    /// any well-formed CBOR encoding (non-minimal integers, indefinite lengths, a null
+    /// `param_id`), so newer writers stay readable.
+    #[default]
+    Strict,
+    /// Also older Burnpack files: version 0, burn 0.19's unaligned data section, the
+    /// pre-0.21 `"Bool"` dtype spelling, unaligned or overlapping tensors, duplicate keys
+    /// (the last wins), trailing bytes. Still bounded and panic-free.
+    Lenient,
+}
+
+/// Options for opening a container (`Reader::open_with`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ReadOptions {
+    /// Strict (default) or lenient.
+    pub validation: Validation,
+    /// Hardening limits.
+    pub limits: Limits,
+}
+
+impl ReadOptions {
+    /// Sets the validation.
+    #[must_use]
+    pub fn with_validation(mut self, validation: Validation) -> Self {
+        self.validation = validation;
+        self
+    }
+
+    /// Sets the limits.
+    #[must_use]
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    fn strict(&self) -> bool {
+        self.validation == Validation::Strict
+    }
+}
+
+/// One tensor as the container describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub(crate) name: String,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) param_id: Option<u64>,
+    pub(crate) range: Range<u64>,
+}
+
+impl TensorInfo {
+    /// The tensor's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The element type.
+    pub fn dtype(&self) -> &DType {
+        &self.dtype
+    }
+    /// The dimensions.
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+    /// The parameter id, if any.
+    pub fn param_id(&self) -> Option<u64> {
+        self.param_id
+    }
+    /// Absolute byte range within the container.
+    pub fn range(&self) -> Range<u64> {
+        self.range.clone()
+    }
+    /// Byte length.
+    pub fn byte_len(&self) -> u64 {
+        self.range.end - self.range.start
+    }
+}
+
+/// One tensor's entry as a format's header stores it, before validation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Descriptor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Start and end, relative to the data section.
+    pub offsets: (u64, u64),
+    pub param_id: Option<u64>,
+}
+
+/// A borrowed descriptor, for encoding without cloning names and shapes.
+pub(crate) struct DescriptorRef<'a> {
+    pub name: &'a str,
+    pub dtype: &'a DType,
+    pub shape: &'a [u64],
+    pub offsets: (u64, u64),
+    pub param_id: Option<u64>,
+}
+
+/// A parsed and validated container, as a format's `parse` returns it.
+#[derive(Debug)]
+pub(crate) struct Layout {
+    /// Sorted by name.
+    pub tensors: Vec<TensorInfo>,
+    pub metadata: BTreeMap<String, String>,
+    pub scalars: BTreeMap<String, Scalar>,
+    /// Absolute offset of the data section.
+    pub data_start: u64,
+    /// End of the header and metadata.
+    pub metadata_end: u64,
+    /// Where the integrity trailer starts, when the container has one.
+    pub trailer_start: Option<u64>,
+}
+
+/// What a writer puts in a container, as a format's `plan` takes it.
+pub(crate) struct Contents<'a> {
+    /// In writer order, each already checked against the limits, names unique.
+    pub tensors: &'a [Tensor],
+    pub metadata: &'a BTreeMap<String, String>,
+    pub scalars: &'a BTreeMap<String, Scalar>,
+    /// The caller's alignment, or `None` for the format's own.
+    pub alignment: Option<u64>,
+    /// Whether to append the integrity trailer (formats without one ignore it).
+    pub trailer: bool,
+}
+
+/// The layout decided before any byte moves, as a format's `plan` returns it.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// Every byte before the data section: header, metadata, padding.
+    pub head: Vec<u8>,
+    pub data_start: u64,
+    /// Each tensor's start relative to the data section, in writer order.
+    pub starts: Vec<u64>,
+    /// End of the last tensor, relative to the data section.
+    pub data_len: u64,
+    pub trailer_len: u64,
+}
+
+impl Plan {
+    pub fn total_len(&self) -> u64 {
+        self.data_start + self.data_len + self.trailer_len
+    }
 }
 
 /// `value` rounded up to a multiple of `alignment` (a power of two); saturates near `u64::MAX`.
@@ -97,11 +245,122 @@ pub(crate) fn align_up(value: u64, alignment: u64) -> u64 {
     value.saturating_add(alignment - 1) & !(alignment - 1)
 }
 
-/// The 10-byte header for a metadata block of `metadata_len` bytes.
-pub(crate) fn encode_header(metadata_len: u32) -> [u8; 10] {
-    let mut header = [0u8; 10];
-    header[..4].copy_from_slice(&MAGIC.to_le_bytes());
-    header[4..6].copy_from_slice(&VERSION.to_le_bytes());
-    header[6..].copy_from_slice(&metadata_len.to_le_bytes());
-    header
+/// Reads the rest of a header that did not fit in the first read, up to `end` (which the
+/// caller has checked against the source's length and the limits).
+pub(crate) fn extend_prefix(source: &dyn Source, prefix: &mut Vec<u8>, end: u64) -> Result<()> {
+    let start = prefix.len() as u64;
+    if end > start {
+        prefix.resize(end as usize, 0);
+        source.read_at(start, &mut prefix[start as usize..])?;
+    }
+    Ok(())
+}
+
+/// Checks every descriptor against the container's length and the limits (and, when
+/// `alignment` is given, that every tensor starts on it and none overlap), and returns the
+/// tensors sorted by name.
+pub(crate) fn validate(
+    descriptors: Vec<Descriptor>,
+    data_start: u64,
+    len: u64,
+    limits: &Limits,
+    alignment: Option<u64>,
+) -> Result<Vec<TensorInfo>> {
+    let strict = alignment.is_some();
+    let mut tensors = Vec::with_capacity(descriptors.len());
+    for descriptor in descriptors {
+        let info = check_descriptor(descriptor, data_start, len, limits, alignment)?;
+        tensors.push(info);
+    }
+    // Stable: among duplicates, the last in map order ends up last.
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut duplicate = None;
+    tensors.dedup_by(|later, earlier| {
+        let same = later.name == earlier.name;
+        if same {
+            duplicate.get_or_insert_with(|| later.name.clone());
+            // Keep the later entry, as burn-pack's map decoding does.
+            std::mem::swap(later, earlier);
+        }
+        same
+    });
+    if strict && let Some(name) = duplicate {
+        return Err(Error::corrupt("duplicate tensor name in metadata").with_tensor(name));
+    }
+    if strict {
+        let mut by_start: Vec<&TensorInfo> = tensors.iter().filter(|t| t.byte_len() > 0).collect();
+        by_start.sort_by_key(|t| t.range.start);
+        for pair in by_start.windows(2) {
+            if pair[1].range.start < pair[0].range.end {
+                return Err(
+                    Error::corrupt(format!("overlaps tensor `{}`", pair[0].name))
+                        .with_tensor(&pair[1].name)
+                        .with_offset(pair[1].range.start),
+                );
+            }
+        }
+    }
+    Ok(tensors)
+}
+
+fn check_descriptor(
+    descriptor: Descriptor,
+    data_start: u64,
+    len: u64,
+    limits: &Limits,
+    alignment: Option<u64>,
+) -> Result<TensorInfo> {
+    let Descriptor {
+        name,
+        dtype,
+        shape,
+        offsets: (start, end),
+        param_id,
+    } = descriptor;
+    let fail = |message: String| Err(Error::corrupt(message).with_tensor(&name));
+    if end < start {
+        return fail(format!("data_offsets end {end} is before start {start}"));
+    }
+    let byte_len = end - start;
+    if byte_len > limits.max_tensor_len {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "{byte_len} bytes, more than the limit of {}",
+                limits.max_tensor_len
+            ),
+        )
+        .with_tensor(&name));
+    }
+    match dtype.byte_len(&shape) {
+        ByteLen::Overflow => return fail(format!("{dtype} × {shape:?} overflows")),
+        ByteLen::Exact(expected) if expected != byte_len => {
+            return fail(format!(
+                "declares {byte_len} bytes but {dtype} × {shape:?} needs {expected}"
+            ));
+        }
+        ByteLen::Exact(_) | ByteLen::Unknown => {}
+    }
+    if let Some(alignment) = alignment
+        && start % alignment != 0
+    {
+        return fail(format!(
+            "starts at data offset {start}, not a multiple of {alignment}"
+        ));
+    }
+    let range = match (data_start.checked_add(start), data_start.checked_add(end)) {
+        (Some(abs_start), Some(abs_end)) if abs_end <= len => abs_start..abs_end,
+        _ => {
+            return fail(format!(
+                "ends past the end of the container ({len} bytes): data_offsets [{start}, {end}] after byte {data_start}"
+            ));
+        }
+    };
+    Ok(TensorInfo {
+        name,
+        dtype,
+        shape,
+        param_id,
+        range,
+    })
 }

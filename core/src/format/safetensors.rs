@@ -1,5 +1,6 @@
 //! The safetensors codec: an 8-byte little-endian header length, a JSON header, then the
-//! tensors back to back. docs/FORMAT.md describes the validation.
+//! tensors back to back. docs/FORMAT.md describes the validation. Scalars, which safetensors
+//! has no place for, travel in its `__metadata__` (see [`SCALAR_METADATA_PREFIX`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -8,12 +9,20 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::Limits;
-use super::cbor::{Descriptor, DescriptorRef};
-use crate::{DType, Error, ErrorKind, Result};
+use super::{
+    Contents, Descriptor, DescriptorRef, Layout, Limits, Plan, ReadOptions, TensorInfo,
+    extend_prefix, validate,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::storage::Source;
+use crate::{DType, Scalar};
 
 /// Length of the header-length field.
 pub const LEN_FIELD: u64 = 8;
+/// Scalars travel in safetensors' `__metadata__` under this prefix, spelled as
+/// [`Scalar`]'s `Display` spells them (`Int:-1`, `Float:0.001`), and come back as scalars when
+/// read.
+pub const SCALAR_METADATA_PREFIX: &str = "weightbay.scalar.";
 /// The key of the free-form string map in the JSON header.
 const METADATA_KEY: &str = "__metadata__";
 
@@ -99,11 +108,118 @@ struct Entry {
     data_offsets: [u64; 2],
 }
 
+/// Parses and validates the file in `source`, whose first bytes `prefix` holds (at least
+/// [`LEN_FIELD`] + 1 of them).
+pub(crate) fn parse(
+    source: &dyn Source,
+    mut prefix: Vec<u8>,
+    options: &ReadOptions,
+) -> Result<Layout> {
+    let limits = &options.limits;
+    let len = source.len();
+    let len_field = prefix.get(..LEN_FIELD as usize).unwrap_or_default();
+    let header_len = u64::from_le_bytes(len_field.try_into().unwrap_or_default());
+    if header_len > limits.max_metadata_len {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "safetensors header claims {header_len} bytes, over the limit of {}",
+                limits.max_metadata_len
+            ),
+        ));
+    }
+    let data_start = LEN_FIELD + header_len;
+    if data_start > len {
+        return Err(Error::corrupt(format!(
+            "safetensors header claims {header_len} bytes but the file has only {len}"
+        )));
+    }
+    // Bounded by the source's length and the header limit, both checked above.
+    extend_prefix(source, &mut prefix, data_start)?;
+    let (descriptors, mut metadata) =
+        decode(&prefix[LEN_FIELD as usize..data_start as usize], limits)?;
+    drop(prefix);
+    let scalars = take_scalars(&mut metadata)?;
+    // Alignment and overlap rules are Burnpack's; safetensors has its own tiling rule.
+    let tensors = validate(descriptors, data_start, len, limits, None)?;
+    check_layout(&tensors, data_start, len)?;
+    Ok(Layout {
+        tensors,
+        metadata,
+        scalars,
+        data_start,
+        metadata_end: data_start,
+        trailer_start: None,
+    })
+}
+
+/// Moves the scalars that travel in the metadata (see [`SCALAR_METADATA_PREFIX`]) out of it.
+fn take_scalars(metadata: &mut BTreeMap<String, String>) -> Result<BTreeMap<String, Scalar>> {
+    let keys: Vec<String> = metadata
+        .keys()
+        .filter(|k| k.starts_with(SCALAR_METADATA_PREFIX))
+        .cloned()
+        .collect();
+    let mut scalars = BTreeMap::new();
+    for key in keys {
+        let value = metadata.remove(&key).unwrap_or_default();
+        let scalar: Scalar = value.parse().map_err(|_: Error| {
+            Error::corrupt(format!("metadata `{key}` is not a scalar: `{value}`"))
+        })?;
+        scalars.insert(key[SCALAR_METADATA_PREFIX.len()..].to_string(), scalar);
+    }
+    Ok(scalars)
+}
+
+/// Plans the file: the tensors back to back in writer order after the JSON header.
+pub(crate) fn plan(contents: &Contents<'_>, limits: &Limits) -> Result<Plan> {
+    if contents.alignment.is_some() {
+        return Err(Error::unsupported("safetensors has no alignment option"));
+    }
+    let mut starts = Vec::with_capacity(contents.tensors.len());
+    let mut end = 0u64;
+    for tensor in contents.tensors {
+        starts.push(end);
+        end += tensor.byte_len();
+    }
+    let descriptors: Vec<DescriptorRef<'_>> = contents
+        .tensors
+        .iter()
+        .zip(&starts)
+        .map(|(tensor, &start)| DescriptorRef {
+            name: tensor.name(),
+            dtype: tensor.dtype(),
+            shape: tensor.shape(),
+            offsets: (start, start + tensor.byte_len()),
+            param_id: None,
+        })
+        .collect();
+    let mut metadata = contents.metadata.clone();
+    for (name, scalar) in contents.scalars {
+        metadata.insert(
+            format!("{SCALAR_METADATA_PREFIX}{name}"),
+            scalar.to_string(),
+        );
+    }
+    let head = encode(&descriptors, &metadata)?;
+    if head.len() as u64 > limits.max_metadata_len {
+        let message = format!(
+            "safetensors header of {} bytes is over the limit",
+            head.len()
+        );
+        return Err(Error::new(ErrorKind::LimitExceeded, message));
+    }
+    Ok(Plan {
+        data_start: head.len() as u64,
+        head,
+        starts,
+        data_len: end,
+        trailer_len: 0,
+    })
+}
+
 /// Parses the JSON header (without its length field).
-pub(crate) fn decode(
-    header: &[u8],
-    limits: &Limits,
-) -> Result<(Vec<Descriptor>, BTreeMap<String, String>)> {
+fn decode(header: &[u8], limits: &Limits) -> Result<(Vec<Descriptor>, BTreeMap<String, String>)> {
     if header.first() != Some(&b'{') {
         return Err(Error::corrupt("safetensors header does not start with `{`"));
     }
@@ -172,11 +288,7 @@ pub(crate) fn decode(
 
 /// Checks the spec's layout rules: sorted by offset, the tensors tile the data section
 /// exactly, from 0 to its end, with no gap or overlap. `tensors` are sorted by name.
-pub(crate) fn check_layout(
-    tensors: &[crate::reader::TensorInfo],
-    data_start: u64,
-    len: u64,
-) -> Result<()> {
+fn check_layout(tensors: &[TensorInfo], data_start: u64, len: u64) -> Result<()> {
     let mut by_start: Vec<_> = tensors.iter().collect();
     by_start.sort_by_key(|t| (t.range().start, t.range().end));
     let mut cursor = data_start;
@@ -200,10 +312,7 @@ pub(crate) fn check_layout(
 
 /// Encodes the header: the length field, then the JSON padded with spaces to a multiple of 8
 /// so the data section starts aligned.
-pub(crate) fn encode(
-    tensors: &[DescriptorRef<'_>],
-    metadata: &BTreeMap<String, String>,
-) -> Result<Vec<u8>> {
+fn encode(tensors: &[DescriptorRef<'_>], metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
     let string = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let mut json = String::from("{");
     let mut first = true;

@@ -20,16 +20,14 @@ const NO_FILE_SYSTEM: [&str; 2] = [
 
 /// Small parts, so the suite's containers over 64 KiB go through multipart uploads, and its
 /// several-parts containers (300 KB) through uploads of five parts.
-pub const SMALL_PARTS: ObjectStoreOptions = ObjectStoreOptions {
-    part_size: 64 * 1024,
-    parts_in_flight: 3,
-    durable: false,
-    fetch_budget: 1 << 20,
-    fetch_request_len: Some(1 << 20),
+pub const SMALL_PARTS: ObjectStoreOptions = ObjectStoreOptions::DEFAULT
+    .with_part_size(64 * 1024)
+    .with_parts_in_flight(3)
+    .with_fetch_budget(1 << 20)
+    .with_fetch_request_len(Some(1 << 20))
     // The store cannot tell a dead writer's staged upload from a live one's, so cleanup goes
     // by age; in the suite no writer runs beside a cleanup, so every staged upload is stale.
-    stale_after: std::time::Duration::ZERO,
-};
+    .with_stale_after(std::time::Duration::ZERO);
 
 fn unique_run() -> String {
     use std::hash::BuildHasher;
@@ -133,21 +131,16 @@ impl ByUrl {
         let storage = open_url(url, std::iter::empty::<(&str, &str)>())
             .unwrap_or_else(|e| panic!("opening {url}: {e}"));
         let durable = storage.options().durable;
-        storage.with_options(ObjectStoreOptions {
-            durable,
-            ..self.options
-        })
+        storage.with_options(self.options.with_durable(durable))
     }
 }
 
 /// Servers refuse parts under 5 MiB.
 fn server_parts() -> ObjectStoreOptions {
-    ObjectStoreOptions {
-        part_size: weightbay_object_store::MIN_PART_SIZE,
-        parts_in_flight: 4,
-        stale_after: SMALL_PARTS.stale_after,
-        ..ObjectStoreOptions::default()
-    }
+    ObjectStoreOptions::DEFAULT
+        .with_part_size(weightbay_object_store::MIN_PART_SIZE)
+        .with_parts_in_flight(4)
+        .with_stale_after(SMALL_PARTS.stale_after)
 }
 
 impl Harness for ByUrl {

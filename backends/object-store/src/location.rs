@@ -1,4 +1,5 @@
-//! Where a checkpoint lives: a URL or path, resolved to a storage and a key.
+//! Where a checkpoint lives: a location string (a path, or a URL) resolved to a storage and a
+//! key, as the `weightbay` command takes them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -6,7 +7,19 @@ use std::sync::Arc;
 use weightbay::{Error, Result, Storage};
 use weightbay_local::LocalStorage;
 
+use crate::Retry;
+
 /// A storage and the key of one checkpoint in it, plus how to name it in messages.
+///
+/// ```
+/// use weightbay_object_store::Location;
+/// let local = Location::parse("checkpoints/model.bpk")?;
+/// assert_eq!((local.store.as_str(), local.key.as_str()), ("checkpoints", "model.bpk"));
+/// let memory = Location::parse("memory:///runs/model.safetensors")?;
+/// assert_eq!(memory.file_name(), "model.safetensors");
+/// # Ok::<(), weightbay::Error>(())
+/// ```
+#[derive(Debug, Clone)]
 pub struct Location {
     pub storage: Arc<dyn Storage>,
     pub key: String,
@@ -14,24 +27,30 @@ pub struct Location {
     pub store: String,
 }
 
-/// object_store's retry policy, with `WEIGHTBAY_MAX_RETRIES` capping the retries of each
-/// request (0: fail at the first error).
-fn retry() -> object_store::RetryConfig {
-    let mut retry = object_store::RetryConfig::default();
-    if let Some(max) = std::env::var("WEIGHTBAY_MAX_RETRIES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        retry.max_retries = max;
-        retry.retry_timeout = std::time::Duration::from_secs(if max == 0 { 0 } else { 30 });
-    }
-    retry
-}
-
 impl Location {
-    /// Resolves a path, `file://` URL, or object-store URL (`s3://`, `gs://`, `az://`,
-    /// `memory://`, and the https forms object_store knows).
+    /// Resolves a path (a [`LocalStorage`] on its directory), a `file://` URL (the same), or an
+    /// object-store URL (`s3://`, `gs://`, `az://`, `memory://`, and the https forms
+    /// object_store knows; see [`open_url`](crate::open_url)); the key is the last segment.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](weightbay::ErrorKind::InvalidInput) for a location that
+    /// names no file; [`ErrorKind::Unsupported`](weightbay::ErrorKind::Unsupported) for an
+    /// unknown scheme; the store's configuration errors.
     pub fn parse(input: &str) -> Result<Self> {
+        Self::parse_with(input, Retry::default())
+    }
+
+    /// [`parse`](Self::parse) with a retry policy for the cloud stores, as
+    /// [`open_url_with_retry`](crate::open_url_with_retry) takes it.
+    ///
+    /// # Errors
+    /// As [`parse`](Self::parse).
+    #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+    pub fn parse_with_retry(input: &str, retry: object_store::RetryConfig) -> Result<Self> {
+        Self::parse_with(input, retry)
+    }
+
+    fn parse_with(input: &str, retry: Retry) -> Result<Self> {
         match input.split_once("://") {
             None => Self::local(Path::new(input), input),
             Some(("file", path)) => Self::local(Path::new(path), input),
@@ -65,11 +84,8 @@ impl Location {
                             "`{input}` names no object: expected {scheme}://bucket/path/file"
                         ))
                     })?;
-                let storage = weightbay_object_store::open_url_with_retry(
-                    store,
-                    std::iter::empty::<(&str, &str)>(),
-                    retry(),
-                )?;
+                let storage =
+                    crate::open_url_with(store, std::iter::empty::<(&str, &str)>(), retry)?;
                 Ok(Self {
                     storage: Arc::new(storage),
                     key: key.to_owned(),

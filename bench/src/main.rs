@@ -1,9 +1,10 @@
-//! `weightbay bench`: throughput on this machine, as ratios against its raw limits and, with
-//! the `peers` feature, against burn-pack, the safetensors crate and raw object_store on the
-//! same data in the same run. docs/BENCHMARKS.md lists the cases and the figures.
+//! `weightbay-bench`: throughput on this machine, as ratios against its raw limits and against
+//! burn-pack, the safetensors crate and raw object_store on the same data in the same run.
+//! docs/BENCHMARKS.md lists the cases and the figures. Not part of any installed program: the
+//! peers are this crate's dependencies only.
 
 use std::hint::black_box;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,8 +18,9 @@ use weightbay_local::LocalStorage;
 use weightbay_mmap::MmapStorage;
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 
-#[derive(clap::Args)]
-pub struct Args {
+#[derive(clap::Parser)]
+#[command(name = "weightbay-bench", about)]
+struct Args {
     /// Size of the large checkpoint, in MiB (the issue figures use 2048).
     #[arg(long, default_value_t = 2048)]
     size_mib: u64,
@@ -38,6 +40,10 @@ pub struct Args {
     /// default for remote stores), beside the storage's own setting.
     #[arg(long, default_value_t = 64)]
     fetch_request_mib: u64,
+    /// Replace the generated table in this Markdown document (docs/BENCHMARKS.md) with this
+    /// run's.
+    #[arg(long)]
+    update_doc: Option<PathBuf>,
     /// Internal: measure the peak RSS of one save in a fresh process.
     #[arg(long, hide = true)]
     rss_case: Option<String>,
@@ -397,7 +403,6 @@ fn rss_of(case: &str, size_mib: u64, dir: &Path) -> Result<u64> {
     let output =
         std::process::Command::new(std::env::current_exe().map_err(io("finding this program"))?)
             .args([
-                "bench",
                 "--rss-case",
                 case,
                 "--size-mib",
@@ -422,7 +427,56 @@ fn rss_of(case: &str, size_mib: u64, dir: &Path) -> Result<u64> {
         .map_err(|_| Error::invalid("RSS probe printed no number"))
 }
 
-pub fn run(args: &Args) -> Result<()> {
+fn main() -> std::process::ExitCode {
+    let args = <Args as clap::Parser>::parse();
+    match run(&args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// What every case gets: the table to add rows to, the data, the scratch directory and the
+/// local storage over it.
+struct Bench<'a> {
+    args: &'a Args,
+    table: Table,
+    big: Data,
+    dir: PathBuf,
+    local: LocalStorage,
+}
+
+/// Saves the large checkpoint to `big.bpk` in the scratch directory.
+fn save_big(local: &LocalStorage, big: &Data) -> Result<()> {
+    Writer::new(big.ours()).write_to(local, "big.bpk").map(drop)
+}
+
+/// A case: the names `--only` matches (one function may measure several), and what it runs.
+type Case = (&'static [&'static str], fn(&mut Bench<'_>) -> Result<()>);
+
+/// Every case, in the order they run.
+const CASES: &[Case] = &[
+    (&["into_bytes"], into_bytes),
+    (&["plan"], plan),
+    (&["open"], open_index),
+    (&["durable save"], durable_save),
+    (&["small tensors"], small_tensors),
+    (&["mmap load"], mmap_load),
+    (&["pread"], pread),
+    (
+        &[
+            "object store save",
+            "object store load",
+            "object store cpu",
+            "object store rss",
+        ],
+        object_store_cases,
+    ),
+];
+
+fn run(args: &Args) -> Result<()> {
     let temporary = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
     let dir = args
         .dir
@@ -432,18 +486,22 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(case) = &args.rss_case {
         return rss_case(case, args.size_mib, &dir);
     }
-    let wanted = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
-    let big = Data::big(args.size_mib << 20);
     let runs = args.runs.max(1);
-    let mut table = Table {
-        rows: Vec::new(),
-        runs,
+    let mut bench = Bench {
+        args,
+        table: Table {
+            rows: Vec::new(),
+            runs,
+        },
+        big: Data::big(args.size_mib << 20),
+        local: LocalStorage::new(&dir),
+        dir,
     };
     println!(
-        "weightbay bench: {} MiB in {} tensors, {runs} paired runs per case, files in {}",
-        big.bytes() >> 20,
-        big.tensors.len(),
-        dir.display()
+        "weightbay-bench: {} MiB in {} tensors, {runs} paired runs per case, files in {}",
+        bench.big.bytes() >> 20,
+        bench.big.tensors.len(),
+        bench.dir.display()
     );
     let can_drop_caches = std::fs::OpenOptions::new()
         .write(true)
@@ -457,276 +515,352 @@ pub fn run(args: &Args) -> Result<()> {
             "no (needs root), so those figures are noisier"
         }
     );
-
-    if wanted("into_bytes") {
-        table.compare(
-            Start::Cached,
-            "into_bytes (trailer on)",
-            big.bytes(),
-            "memcpy into fresh memory",
-            || {
-                Writer::new(big.ours())
-                    .into_bytes()
-                    .map(|b| drop(black_box(b)))
-            },
-            || {
-                let mut out = vec![0u8; big.bytes() as usize];
-                let mut at = 0;
-                for (_, data) in &big.tensors {
-                    out[at..at + data.len()].copy_from_slice(data);
-                    at += data.len();
-                }
-                black_box(out);
-                Ok(())
-            },
-        )?;
+    let wanted = |name: &str| args.only.as_deref().is_none_or(|only| name.contains(only));
+    for &(names, case) in CASES {
+        if names.iter().any(|name| wanted(name)) {
+            case(&mut bench)?;
+        }
     }
-    if wanted("plan") {
-        let tensors: Vec<Tensor> = (0..100_000)
-            .map(|i| {
-                Tensor::deferred(
-                    format!("blocks.{i}.weight"),
-                    DType::F32,
-                    [256],
-                    1024,
-                    || Ok(Bytes::from(vec![])),
-                )
-            })
-            .collect();
-        let writer = Writer::new(tensors);
-        table.alone("plan 100k tensors", || {
+    print_table(&bench.table);
+    if let Some(path) = &args.csv {
+        std::fs::write(path, csv(&bench.table)).map_err(io("writing the CSV"))?;
+    }
+    if let Some(path) = &args.update_doc {
+        update_doc(path, &bench)?;
+    }
+    Ok(())
+}
+
+fn into_bytes(b: &mut Bench<'_>) -> Result<()> {
+    let big = &b.big;
+    b.table.compare(
+        Start::Cached,
+        "into_bytes (trailer on)",
+        big.bytes(),
+        "memcpy into fresh memory",
+        || {
+            Writer::new(big.ours())
+                .into_bytes()
+                .map(|b| drop(black_box(b)))
+        },
+        || {
+            let mut out = vec![0u8; big.bytes() as usize];
+            let mut at = 0;
+            for (_, data) in &big.tensors {
+                out[at..at + data.len()].copy_from_slice(data);
+                at += data.len();
+            }
+            black_box(out);
+            Ok(())
+        },
+    )
+}
+
+fn plan(b: &mut Bench<'_>) -> Result<()> {
+    let tensors: Vec<Tensor> = (0..100_000)
+        .map(|i| {
+            Tensor::deferred(
+                format!("blocks.{i}.weight"),
+                DType::F32,
+                [256],
+                1024,
+                || Ok(Bytes::from(vec![])),
+            )
+        })
+        .collect();
+    let writer = Writer::new(tensors);
+    b.table
+        .alone("plan 100k tensors", || {
             writer.size().map(|s| {
                 black_box(s);
             })
-        })?;
+        })
+        .map(drop)
+}
+
+fn open_index(b: &mut Bench<'_>) -> Result<()> {
+    let tensors: Vec<Tensor> = (0..20_000)
+        .map(|i| Tensor::new(format!("blocks.{i}.weight"), DType::U8, [4], vec![1u8; 4]))
+        .collect();
+    let bytes = bytes::Bytes::from(Writer::new(tensors).into_bytes()?);
+    let time = b.table.alone("open 20k-tensor index", || {
+        Reader::from_bytes(bytes.clone()).map(|r| drop(black_box(r)))
+    })?;
+    println!(
+        "  open a 20,000-tensor container (index only): {:.3} µs per tensor",
+        time.as_secs_f64() * 1e6 / 20_000.0
+    );
+    Ok(())
+}
+
+fn durable_save(b: &mut Bench<'_>) -> Result<()> {
+    let Bench {
+        args,
+        table,
+        big,
+        dir,
+        local,
+    } = b;
+    let count = (big.bytes() >> 23).max(1);
+    // dd writes a new file every run: truncating the last one would add the cost of freeing
+    // it to dd's time.
+    let mut dd_runs = 0;
+    let dd_file = |run: usize| dir.join(format!("dd-{run}.bin"));
+    table.compare(
+        Start::Emptied,
+        "durable save",
+        big.bytes(),
+        "dd bs=8M conv=fsync, new file",
+        || save_big(local, big),
+        || {
+            dd_runs += 1;
+            let status = std::process::Command::new("dd")
+                .args([
+                    "if=/dev/zero",
+                    &format!("of={}", dd_file(dd_runs).display()),
+                    "bs=8M",
+                    &format!("count={count}"),
+                    "conv=fsync",
+                    "status=none",
+                ])
+                .status()
+                .map_err(io("running dd"))?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(Error::invalid("dd failed"))
+            }
+        },
+    )?;
+    for run in 1..=dd_runs {
+        std::fs::remove_file(dd_file(run)).map_err(io("removing dd's file"))?;
     }
-    if wanted("open") {
-        let tensors: Vec<Tensor> = (0..20_000)
-            .map(|i| Tensor::new(format!("blocks.{i}.weight"), DType::U8, [4], vec![1u8; 4]))
-            .collect();
-        let bytes = bytes::Bytes::from(Writer::new(tensors).into_bytes()?);
-        let time = table.alone("open 20k-tensor index", || {
-            Reader::from_bytes(bytes.clone()).map(|r| drop(black_box(r)))
-        })?;
-        println!(
-            "  open a 20,000-tensor container (index only): {:.3} µs per tensor",
-            time.as_secs_f64() * 1e6 / 20_000.0
-        );
-    }
-    let local = LocalStorage::new(&dir);
-    let save_big = || {
-        Writer::new(big.ours())
-            .write_to(&local, "big.bpk")
+    table.compare(
+        Start::Emptied,
+        "durable save",
+        big.bytes(),
+        "burn-pack write_to_file",
+        || save_big(local, big),
+        || peers::burn_pack_save(big, &dir.join("burn.bpk")),
+    )?;
+    let rss = rss_of("local", args.size_mib, dir)?;
+    println!(
+        "  peak RSS saving {} MiB of deferred 16 MiB tensors durably: {} MiB (bound: largest tensor + 16 MiB = 32 MiB above the process's base)",
+        args.size_mib,
+        rss >> 20
+    );
+    Ok(())
+}
+
+fn small_tensors(b: &mut Bench<'_>) -> Result<()> {
+    let small = Data::small();
+    let (local, dir) = (&b.local, &b.dir);
+    let save_small = || {
+        Writer::new(small.ours())
+            .write_to(local, "small.bpk")
             .map(drop)
     };
-    if wanted("durable save") {
-        let count = (big.bytes() >> 23).max(1);
-        // dd writes a new file every run: truncating the last one would add the cost of freeing
-        // it to dd's time.
-        let mut dd_runs = 0;
-        let dd_file = |run: usize| dir.join(format!("dd-{run}.bin"));
-        table.compare(
-            Start::Emptied,
-            "durable save",
-            big.bytes(),
-            "dd bs=8M conv=fsync, new file",
-            save_big,
-            || {
-                dd_runs += 1;
-                let status = std::process::Command::new("dd")
-                    .args([
-                        "if=/dev/zero",
-                        &format!("of={}", dd_file(dd_runs).display()),
-                        "bs=8M",
-                        &format!("count={count}"),
-                        "conv=fsync",
-                        "status=none",
-                    ])
-                    .status()
-                    .map_err(io("running dd"))?;
-                if status.success() {
-                    Ok(())
-                } else {
-                    Err(Error::invalid("dd failed"))
-                }
-            },
-        )?;
-        for run in 1..=dd_runs {
-            std::fs::remove_file(dd_file(run)).map_err(io("removing dd's file"))?;
-        }
-        #[cfg(feature = "peers")]
-        table.compare(
-            Start::Emptied,
-            "durable save",
-            big.bytes(),
-            "burn-pack write_to_file",
-            save_big,
-            || peers::burn_pack_save(&big, &dir.join("burn.bpk")),
-        )?;
-        let rss = rss_of("local", args.size_mib, &dir)?;
-        println!(
-            "  peak RSS saving {} MiB of deferred 16 MiB tensors durably: {} MiB (bound: largest tensor + 16 MiB = 32 MiB above the process's base)",
-            args.size_mib,
-            rss >> 20
-        );
-    }
-    #[cfg(feature = "peers")]
-    if wanted("small tensors") {
-        let small = Data::small();
-        let save_small = || {
-            Writer::new(small.ours())
-                .write_to(&local, "small.bpk")
-                .map(drop)
-        };
-        table.compare(
-            Start::Emptied,
-            "20k small tensors, durable",
-            small.bytes(),
-            "burn-pack write_to_file",
-            save_small,
-            || peers::burn_pack_save(&small, &dir.join("small-burn.bpk")),
-        )?;
-        table.compare(
-            Start::Emptied,
-            "20k small tensors, durable",
-            small.bytes(),
-            "safetensors serialize_to_file + fsync",
-            save_small,
-            || peers::safetensors_save(&small, &dir.join("small.safetensors")),
-        )?;
-    }
-    save_big()?;
-    Writer::new(big.ours())
-        .with_format(Format::Safetensors)
-        .write_to(&local, "big.safetensors")?;
-    #[cfg(feature = "peers")]
-    if wanted("mmap load") {
-        let mmap = MmapStorage::new(&dir);
-        let safetensors_peer = || peers::safetensors_mmap_touch(&dir.join("big.safetensors"));
-        table.compare(
-            Start::Cached,
-            "mmap open + touch every byte",
-            big.bytes(),
-            "safetensors crate over memmap2",
-            || touch_all(&Reader::open(mmap.open("big.bpk")?)?, false),
-            safetensors_peer,
-        )?;
-        table.compare(
-            Start::Cached,
-            "WeightSource components over mmap (safetensors)",
-            big.bytes(),
-            "safetensors crate over memmap2",
-            || touch_all(&Reader::open(mmap.open("big.safetensors")?)?, true),
-            safetensors_peer,
-        )?;
-    }
-    if wanted("pread") {
-        table.compare(
-            Start::Cached,
-            "pread every tensor into fresh buffers",
-            big.bytes(),
-            "sequential read into fresh buffers",
-            || {
-                let reader = Reader::open(local.open("big.bpk")?)?;
-                for info in reader.tensors() {
-                    black_box(reader.read(info.name())?);
-                }
-                Ok(())
-            },
-            || {
-                let reader = Reader::open(local.open("big.bpk")?)?;
-                let mut file = std::fs::File::open(dir.join("big.bpk")).map_err(io("opening"))?;
-                let mut position = 0u64;
-                let mut in_file_order: Vec<_> = reader.tensors().iter().collect();
-                in_file_order.sort_by_key(|info| info.range().start);
-                for info in in_file_order {
-                    let range = info.range();
-                    let mut skip = vec![0u8; (range.start.saturating_sub(position)) as usize];
-                    file.read_exact(&mut skip).map_err(io("reading"))?;
-                    let mut buf = vec![0u8; info.byte_len() as usize];
-                    file.read_exact(&mut buf).map_err(io("reading"))?;
-                    black_box(buf);
-                    position = range.end;
-                }
-                Ok(())
-            },
-        )?;
-    }
-    if [
-        "object store save",
-        "object store load",
-        "object store cpu",
-        "object store rss",
-    ]
-    .into_iter()
-    .any(wanted)
-    {
-        object_store_cases(&mut table, &big, args, &wanted, &dir)?;
-    }
+    b.table.compare(
+        Start::Emptied,
+        "20k small tensors, durable",
+        small.bytes(),
+        "burn-pack write_to_file",
+        save_small,
+        || peers::burn_pack_save(&small, &dir.join("small-burn.bpk")),
+    )?;
+    b.table.compare(
+        Start::Emptied,
+        "20k small tensors, durable",
+        small.bytes(),
+        "safetensors serialize_to_file + fsync",
+        save_small,
+        || peers::safetensors_save(&small, &dir.join("small.safetensors")),
+    )
+}
 
+/// The large checkpoint as `big.bpk` and `big.safetensors`, for the load cases.
+fn save_load_files(b: &Bench<'_>) -> Result<()> {
+    save_big(&b.local, &b.big)?;
+    Writer::new(b.big.ours())
+        .with_format(Format::Safetensors)
+        .write_to(&b.local, "big.safetensors")
+        .map(drop)
+}
+
+fn mmap_load(b: &mut Bench<'_>) -> Result<()> {
+    save_load_files(b)?;
+    let dir = b.dir.clone();
+    let mmap = MmapStorage::new(&dir);
+    let safetensors_peer = || peers::safetensors_mmap_touch(&dir.join("big.safetensors"));
+    b.table.compare(
+        Start::Cached,
+        "mmap open + touch every byte",
+        b.big.bytes(),
+        "safetensors crate over memmap2",
+        || touch_all(&Reader::open(mmap.open("big.bpk")?)?, false),
+        safetensors_peer,
+    )?;
+    b.table.compare(
+        Start::Cached,
+        "WeightSource components over mmap (safetensors)",
+        b.big.bytes(),
+        "safetensors crate over memmap2",
+        || touch_all(&Reader::open(mmap.open("big.safetensors")?)?, true),
+        safetensors_peer,
+    )
+}
+
+fn pread(b: &mut Bench<'_>) -> Result<()> {
+    save_load_files(b)?;
+    let (local, dir) = (&b.local, &b.dir);
+    b.table.compare(
+        Start::Cached,
+        "pread every tensor into fresh buffers",
+        b.big.bytes(),
+        "sequential read into fresh buffers",
+        || {
+            let reader = Reader::open(local.open("big.bpk")?)?;
+            for info in reader.tensors() {
+                black_box(reader.read(info.name())?);
+            }
+            Ok(())
+        },
+        || {
+            let reader = Reader::open(local.open("big.bpk")?)?;
+            let mut file = std::fs::File::open(dir.join("big.bpk")).map_err(io("opening"))?;
+            let mut position = 0u64;
+            let mut in_file_order: Vec<_> = reader.tensors().iter().collect();
+            in_file_order.sort_by_key(|info| info.range().start);
+            for info in in_file_order {
+                let range = info.range();
+                let mut skip = vec![0u8; (range.start.saturating_sub(position)) as usize];
+                file.read_exact(&mut skip).map_err(io("reading"))?;
+                let mut buf = vec![0u8; info.byte_len() as usize];
+                file.read_exact(&mut buf).map_err(io("reading"))?;
+                black_box(buf);
+                position = range.end;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The rows as a fixed-width table on standard output.
+fn print_table(table: &Table) {
     println!(
         "\n{:<48} {:>12} {:<40} {:>12} {:>7}",
         "case", "weightbay", "peer", "peer", "ratio"
     );
-    let mut csv = String::from("case,bytes,ours_s,peer,peer_s,ratio\n");
     for row in &table.rows {
+        let cells = Cells::of(row);
+        println!(
+            "{:<48} {:>12} {:<40} {:>12} {:>7}",
+            row.case, cells.ours, cells.peer_name, cells.peer, cells.ratio
+        );
+    }
+    println!("(ratio = peer time / weightbay time: above 1 means weightbay is faster)");
+}
+
+/// One row's figures as text.
+struct Cells<'a> {
+    ours: String,
+    peer_name: &'a str,
+    peer: String,
+    ratio: String,
+    ratio_value: Option<f64>,
+}
+
+impl<'a> Cells<'a> {
+    fn of(row: &'a Row) -> Self {
         let ours = if row.bytes > 0 {
             format!("{:.2} GiB/s", gib_per_s(row.bytes, row.ours))
         } else {
             format!("{:.1} ms", row.ours.as_secs_f64() * 1e3)
         };
-        let (peer_name, peer_text, ratio) = match &row.peer {
+        let (peer_name, peer, ratio_value) = match &row.peer {
             Some((name, time)) => (
                 name.as_str(),
                 format!("{:.2} GiB/s", gib_per_s(row.bytes, *time)),
-                time.as_secs_f64() / row.ours.as_secs_f64().max(1e-12),
+                Some(time.as_secs_f64() / row.ours.as_secs_f64().max(1e-12)),
             ),
-            None => ("", String::new(), f64::NAN),
+            None => ("", String::new(), None),
         };
-        let ratio_text = if ratio.is_nan() {
-            String::new()
-        } else {
-            format!("{ratio:.2}×")
-        };
-        println!(
-            "{:<48} {:>12} {:<40} {:>12} {:>7}",
-            row.case, ours, peer_name, peer_text, ratio_text
-        );
-        // Case and peer names hold commas: quote them.
+        Self {
+            ours,
+            peer_name,
+            peer,
+            ratio: ratio_value.map_or(String::new(), |r| format!("{r:.2}×")),
+            ratio_value,
+        }
+    }
+}
+
+/// The rows as CSV; case and peer names hold commas, so they are quoted.
+fn csv(table: &Table) -> String {
+    let mut csv = String::from("case,bytes,ours_s,peer,peer_s,ratio\n");
+    for row in &table.rows {
+        let cells = Cells::of(row);
         csv += &format!(
             "\"{}\",{},{:.6},\"{}\",{},{}\n",
             row.case,
             row.bytes,
             row.ours.as_secs_f64(),
-            peer_name,
+            cells.peer_name,
             row.peer
                 .as_ref()
                 .map_or(String::new(), |(_, t)| format!("{:.6}", t.as_secs_f64())),
-            if ratio.is_nan() {
-                String::new()
-            } else {
-                format!("{ratio:.4}")
-            }
+            cells
+                .ratio_value
+                .map_or(String::new(), |r| format!("{r:.4}"))
         );
     }
-    println!("(ratio = peer time / weightbay time: above 1 means weightbay is faster)");
-    if let Some(path) = &args.csv {
-        std::fs::File::create(path)
-            .and_then(|mut f| f.write_all(csv.as_bytes()))
-            .map_err(io("writing the CSV"))?;
+    csv
+}
+
+/// Where the generated table goes in the document `--update-doc` names.
+const DOC_START: &str = "<!-- weightbay-bench table: start -->";
+const DOC_END: &str = "<!-- weightbay-bench table: end -->";
+
+/// Replaces the table between [`DOC_START`] and [`DOC_END`] in the document at `path` with
+/// this run's rows and the command that produced them.
+fn update_doc(path: &Path, bench: &Bench<'_>) -> Result<()> {
+    let text = std::fs::read_to_string(path).map_err(io("reading the document"))?;
+    let (Some(start), Some(end)) = (text.find(DOC_START), text.find(DOC_END)) else {
+        return Err(Error::invalid(format!(
+            "{} has no `{DOC_START}` … `{DOC_END}` section",
+            path.display()
+        )));
+    };
+    let command: Vec<String> = std::env::args().skip(1).collect();
+    let mut table = format!(
+        "{DOC_START}\nGenerated by `cargo run --release -p weightbay-bench -- {}`: {} MiB in {} \
+         tensors, medians of {} paired runs.\n\n| case | weightbay | peer | peer | ratio |\n| --- | ---: | --- | ---: | ---: |\n",
+        command.join(" "),
+        bench.big.bytes() >> 20,
+        bench.big.tensors.len(),
+        bench.table.runs
+    );
+    for row in &bench.table.rows {
+        let cells = Cells::of(row);
+        table += &format!(
+            "| {} | {} | {} | {} | {} |\n",
+            row.case, cells.ours, cells.peer_name, cells.peer, cells.ratio
+        );
     }
-    Ok(())
+    let updated = format!("{}{table}{}", &text[..start], &text[end..]);
+    std::fs::write(path, updated).map_err(io("writing the document"))
 }
 
 /// The object-store cases: saving through object_store's InMemory store against raw
 /// `WriteMultipart`, and, with an S3 server, loading, client CPU and peak memory.
-fn object_store_cases(
-    table: &mut Table,
-    big: &Data,
-    args: &Args,
-    wanted: &impl Fn(&str) -> bool,
-    dir: &Path,
-) -> Result<()> {
+fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
+    let wanted = |name: &str| {
+        b.args
+            .only
+            .as_deref()
+            .is_none_or(|only| name.contains(only))
+    };
+    let (table, big, args, dir) = (&mut b.table, &b.big, b.args, b.dir.as_path());
     let options = ObjectStoreOptions::default();
     let part = options.part_size_for(Some(big.bytes()));
     let store: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
@@ -797,10 +931,11 @@ fn object_store_cases(
             settings.push((forced, describe(forced)));
         }
         for (fetch_request_len, setting) in settings {
-            let storage = load_storage.clone().with_options(ObjectStoreOptions {
-                fetch_request_len,
-                ..*load_storage.options()
-            });
+            let storage = load_storage.clone().with_options(
+                load_storage
+                    .options()
+                    .with_fetch_request_len(fetch_request_len),
+            );
             // Opening (one GET for header and metadata) is left out of both sides' timing.
             let source = storage.open_object("ours.bpk")?;
             let ranges: Vec<_> = Reader::open(Arc::new(source.clone()))?
@@ -881,7 +1016,6 @@ fn object_store_cases(
     Ok(())
 }
 
-#[cfg(feature = "peers")]
 mod peers {
     use std::path::Path;
 

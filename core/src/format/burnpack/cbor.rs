@@ -5,20 +5,9 @@ use std::collections::BTreeMap;
 
 use ciborium_ll::{Decoder, Encoder, Header};
 
-use super::Limits;
 use crate::dtype::{BoolStore, DType, QuantScheme, Scalar};
-use crate::{Error, Result};
-
-/// One tensor's entry in the metadata `tensors` map.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Descriptor {
-    pub name: String,
-    pub dtype: DType,
-    pub shape: Vec<u64>,
-    /// Start and end, relative to the data section.
-    pub offsets: (u64, u64),
-    pub param_id: Option<u64>,
-}
+use crate::error::{Error, Result};
+use crate::format::{Descriptor, DescriptorRef, Limits};
 
 /// The decoded metadata block.
 #[derive(Debug, Default)]
@@ -27,15 +16,6 @@ pub(crate) struct Metadata {
     pub tensors: Vec<Descriptor>,
     pub metadata: BTreeMap<String, String>,
     pub scalars: BTreeMap<String, Scalar>,
-}
-
-/// A borrowed descriptor, for encoding without cloning names and shapes.
-pub(crate) struct DescriptorRef<'a> {
-    pub name: &'a str,
-    pub dtype: &'a DType,
-    pub shape: &'a [u64],
-    pub offsets: (u64, u64),
-    pub param_id: Option<u64>,
 }
 
 /// Encodes the metadata map. `tensors` must be sorted by name (bytewise), as burn-pack's
@@ -186,20 +166,28 @@ pub(crate) fn decode(input: &[u8], limits: &Limits, strict: bool) -> Result<Meta
     Ok(metadata)
 }
 
-/// Checks that `input` is exactly one well-formed CBOR item.
-pub(crate) fn check_single_item(input: &[u8]) -> Result<()> {
-    let mut parser = Parser {
-        input,
-        decoder: Decoder::from(input),
-        limits: Limits::default(),
-        strict: true,
-    };
-    // Counted from where a scheme sits in a container, so whatever is accepted here reads back.
-    parser.skip(QUANT_SCHEME_DEPTH)?;
-    if parser.offset() != input.len() {
-        return Err(Error::corrupt("bytes follow the CBOR item"));
+// Here rather than in `dtype`, so the dtype module needs nothing from the format modules.
+impl QuantScheme {
+    /// Wraps one complete CBOR data item (the value of the `QFloat` key).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) when `cbor` is not exactly one
+    /// well-formed CBOR item.
+    pub fn from_cbor(cbor: &[u8]) -> Result<Self> {
+        let mut parser = Parser {
+            input: cbor,
+            decoder: Decoder::from(cbor),
+            limits: Limits::default(),
+            strict: true,
+        };
+        // Counted from where a scheme sits in a container, so whatever is accepted here reads
+        // back.
+        parser.skip(QUANT_SCHEME_DEPTH)?;
+        if parser.offset() != cbor.len() {
+            return Err(Error::corrupt("bytes follow the CBOR item"));
+        }
+        Ok(Self::from_checked_cbor(cbor))
     }
-    Ok(())
 }
 
 impl Parser<'_> {
@@ -294,7 +282,7 @@ impl Parser<'_> {
     fn skip(&mut self, depth: usize) -> Result<()> {
         if depth >= self.limits.max_cbor_depth {
             return Err(Error::new(
-                crate::ErrorKind::LimitExceeded,
+                crate::error::ErrorKind::LimitExceeded,
                 format!(
                     "metadata nests deeper than {} levels",
                     self.limits.max_cbor_depth
@@ -542,7 +530,7 @@ impl Parser<'_> {
         while self.has_next(len, index)? {
             if index == self.limits.max_tensor_count {
                 return Err(Error::new(
-                    crate::ErrorKind::LimitExceeded,
+                    crate::error::ErrorKind::LimitExceeded,
                     format!(
                         "more than {} metadata entries",
                         self.limits.max_tensor_count
@@ -566,7 +554,7 @@ impl Parser<'_> {
         while self.has_next(len, index)? {
             if index == self.limits.max_tensor_count {
                 return Err(Error::new(
-                    crate::ErrorKind::LimitExceeded,
+                    crate::error::ErrorKind::LimitExceeded,
                     format!("more than {} scalars entries", self.limits.max_tensor_count),
                 ));
             }
@@ -615,14 +603,14 @@ const MIN_DESCRIPTOR_LEN: usize = 1 + 1 + (6 + 3) + (6 + 1) + (13 + 3);
 
 fn too_many_tensors(count: usize, max: usize) -> Error {
     Error::new(
-        crate::ErrorKind::LimitExceeded,
+        crate::error::ErrorKind::LimitExceeded,
         format!("metadata declares {count} tensors, more than the limit of {max}"),
     )
 }
 
 fn too_many_dims(rank: usize, max: usize) -> Error {
     Error::new(
-        crate::ErrorKind::LimitExceeded,
+        crate::error::ErrorKind::LimitExceeded,
         format!("a shape has {rank} dimensions, more than the limit of {max}"),
     )
 }
