@@ -25,7 +25,6 @@
 #   PYTHON             python used to create the venv and run the GCS fixture (default python3)
 #
 # Needs: bash, python3 with venv + pip (Debian: apt-get install python3-venv) reaching PyPI.
-# Background, versions and measurements: shared/research/emulators.md.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

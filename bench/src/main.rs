@@ -21,7 +21,7 @@ use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 #[derive(clap::Parser)]
 #[command(name = "weightbay-bench", about)]
 struct Args {
-    /// Size of the large checkpoint, in MiB (the issue figures use 2048).
+    /// Size of the large checkpoint, in MiB (docs/BENCHMARKS.md uses 2048).
     #[arg(long, default_value_t = 2048)]
     size_mib: u64,
     /// Paired runs per case; the median is reported.
@@ -60,7 +60,8 @@ struct Data {
 }
 
 impl Data {
-    /// 200 tensors of mixed sizes, like the research baseline's "big" case.
+    /// 200 tensors of mixed sizes (1 to 13 parts of `total`, cycling), as a model's layers
+    /// are.
     fn big(total: u64) -> Self {
         let count = 200u64;
         let weights: Vec<u64> = (0..count).map(|i| 1 + (i * 7919) % 13).collect();
@@ -210,7 +211,8 @@ enum Start {
     Cached,
     /// The clean page cache is dropped too (where allowed: root), so every run that writes
     /// starts with the same free memory instead of paying to reclaim what earlier runs cached.
-    /// On this project's VM that was the largest source of noise in fsync'd writes.
+    /// On the machine of docs/BENCHMARKS.md that was the largest source of noise in fsync'd
+    /// writes.
     Emptied,
 }
 

@@ -41,6 +41,7 @@
 //! A failing case panics with a message that names the case, the operation, and what is needed
 //! to replay it: the proptest seed (`WEIGHTBAY_SEED=...`) or the crash point. Property cases run
 //! `WEIGHTBAY_CASES` cases each (default 32). docs/ADDING_A_BACKEND.md walks through it.
+#![warn(missing_docs)]
 
 pub mod alloc;
 pub mod cases;

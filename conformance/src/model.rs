@@ -19,19 +19,41 @@ pub enum Op {
     /// Write version `version` to `KEYS[key]`, create-new or overwrite; with `fail_at`, the
     /// storage fails its operation number `fail_at` during the write.
     Put {
+        /// Index into [`KEYS`].
         key: usize,
+        /// Which container version (below [`VERSIONS`]).
         version: u8,
+        /// Create-new instead of overwrite.
         create_new: bool,
+        /// The storage operation to fail, if any.
         fail_at: Option<u64>,
     },
     /// Start writing `version` to `KEYS[key]`, then drop the sink half way.
-    Abort { key: usize, version: u8 },
+    Abort {
+        /// Index into [`KEYS`].
+        key: usize,
+        /// Which container version.
+        version: u8,
+    },
     /// Delete `KEYS[key]`.
-    Delete { key: usize },
+    Delete {
+        /// Index into [`KEYS`].
+        key: usize,
+    },
     /// Open `KEYS[key]`.
-    Open { key: usize },
+    Open {
+        /// Index into [`KEYS`].
+        key: usize,
+    },
     /// Read `len` bytes at `start` of `KEYS[key]`.
-    ReadRange { key: usize, start: u64, len: u64 },
+    ReadRange {
+        /// Index into [`KEYS`].
+        key: usize,
+        /// First byte.
+        start: u64,
+        /// How many bytes.
+        len: u64,
+    },
 }
 
 /// The expected contents of each key.

@@ -55,20 +55,33 @@ impl fmt::Debug for QuantScheme {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DType {
+    /// 64-bit IEEE float.
     F64,
+    /// 32-bit IEEE float.
     F32,
     /// Stored as `f32`.
     Flex32,
+    /// 16-bit IEEE float.
     F16,
+    /// bfloat16: 8 exponent and 7 mantissa bits.
     BF16,
+    /// 64-bit signed integer.
     I64,
+    /// 32-bit signed integer.
     I32,
+    /// 16-bit signed integer.
     I16,
+    /// 8-bit signed integer.
     I8,
+    /// 64-bit unsigned integer.
     U64,
+    /// 32-bit unsigned integer.
     U32,
+    /// 16-bit unsigned integer.
     U16,
+    /// 8-bit unsigned integer (also raw bytes).
     U8,
+    /// Booleans, stored as the [`BoolStore`] says.
     Bool(BoolStore),
     /// A quantized float tensor; see [`QuantScheme`].
     QFloat(QuantScheme),
@@ -256,9 +269,13 @@ pub enum ByteLen {
 /// A named scalar stored beside the tensors (an epoch, a learning rate, a flag).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scalar {
+    /// A signed integer.
     Int(i64),
+    /// An unsigned integer.
     UInt(u64),
+    /// A float.
     Float(f64),
+    /// A flag.
     Bool(bool),
 }
 

@@ -1,7 +1,9 @@
-//! The file-system seam: every file operation the local backend performs, behind one small
-//! trait, so the conformance suite's simulated disk can crash the real backend code after any
-//! operation and check what survives. The real implementation (plain `std::fs`) lives in
-//! `weightbay-local`.
+//! The file-system seam, for backend authors and test doubles: every file operation the local
+//! backend performs, behind one small trait, so the conformance suite's simulated disk can
+//! crash the real backend code after any operation, and its faulty file system can fail any
+//! one, and check what survives. The real implementation (plain `std::fs`) lives in
+//! `weightbay-local`. Saving and loading never need it: nothing in `Storage`, `Writer` or
+//! `Reader` names it. docs/ARCHITECTURE.md says why it lives in core.
 
 use std::ffi::OsString;
 use std::fmt;

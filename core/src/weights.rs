@@ -16,7 +16,9 @@ pub enum WeightEncoding {
     /// Blocks of `values_per_block` values stored in `bytes_per_block` bytes each, tiling the
     /// last dimension (a partial last block still takes a whole block).
     BlockQuantized {
+        /// Values in one block.
         values_per_block: u64,
+        /// Bytes one block takes.
         bytes_per_block: u64,
     },
 }

@@ -145,10 +145,7 @@ fn target(path: &str, modules: &BTreeSet<String>, reexports: &BTreeMap<String, S
             return candidate;
         }
     }
-    reexports
-        .get(segments[0])
-        .cloned()
-        .unwrap_or_default()
+    reexports.get(segments[0]).cloned().unwrap_or_default()
 }
 
 /// The module graph of the crate whose sources are under `src`.

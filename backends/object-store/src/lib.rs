@@ -33,6 +33,7 @@
 //! # Ok(())
 //! # }
 //! ```
+#![warn(missing_docs)]
 
 mod error;
 mod location;

@@ -21,7 +21,9 @@ use crate::Retry;
 /// ```
 #[derive(Debug, Clone)]
 pub struct Location {
+    /// The storage holding the checkpoint: a local directory or an object-store prefix.
     pub storage: Arc<dyn Storage>,
+    /// The checkpoint's key in it (the last segment of the location).
     pub key: String,
     /// The store, as the user wrote it (credentials never appear in URLs we accept).
     pub store: String,

@@ -26,8 +26,8 @@ struct Upload {
 /// Part buffers the store has finished with, ready for the next part.
 ///
 /// A long upload reuses the same few allocations instead of taking fresh memory for every part:
-/// faulting in fresh pages cost more client CPU than the upload itself (on this project's VM,
-/// about 0.4 s per GiB). A buffer comes back only when the store drops its payload, so the
+/// faulting in fresh pages cost more client CPU than the upload itself (about 0.4 s per GiB on
+/// the 2-core machine of docs/BENCHMARKS.md). A buffer comes back only when the store drops its payload, so the
 /// buffers in existence stay at the parts in flight plus the one filling.
 #[derive(Default)]
 struct SpareBuffers(Mutex<Vec<Vec<u8>>>);

@@ -7,8 +7,8 @@ pub(crate) mod cbor;
 use std::collections::BTreeMap;
 
 use super::{
-    Contents, DescriptorRef, Layout, Limits, Plan, ReadOptions, align_up, extend_prefix, trailer,
-    validate,
+    Contents, DescriptorRef, Layout, Limits, Plan, ReadOptions, align_up, read_header_block,
+    trailer, validate,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::storage::Source;
@@ -62,23 +62,14 @@ pub(crate) fn parse(
     let metadata_len = u64::from(u32::from_le_bytes(
         field(6..10).try_into().unwrap_or_default(),
     ));
-    if metadata_len > limits.max_metadata_len {
-        return Err(Error::new(
-            ErrorKind::LimitExceeded,
-            format!(
-                "metadata claims {metadata_len} bytes, over the limit of {}",
-                limits.max_metadata_len
-            ),
-        ));
-    }
-    let metadata_end = HEADER_LEN + metadata_len;
-    if metadata_end > len {
-        return Err(Error::corrupt(format!(
-            "metadata claims {metadata_len} bytes but the container has only {len}"
-        )));
-    }
-    // Bounded by the source's length and the metadata limit, both checked above.
-    extend_prefix(source, &mut prefix, metadata_end)?;
+    let metadata_end = read_header_block(
+        source,
+        &mut prefix,
+        HEADER_LEN,
+        metadata_len,
+        limits,
+        "metadata",
+    )?;
     let metadata = cbor::decode(
         &prefix[HEADER_LEN as usize..metadata_end as usize],
         limits,

@@ -245,15 +245,40 @@ pub(crate) fn align_up(value: u64, alignment: u64) -> u64 {
     value.saturating_add(alignment - 1) & !(alignment - 1)
 }
 
-/// Reads the rest of a header that did not fit in the first read, up to `end` (which the
-/// caller has checked against the source's length and the limits).
-pub(crate) fn extend_prefix(source: &dyn Source, prefix: &mut Vec<u8>, end: u64) -> Result<()> {
-    let start = prefix.len() as u64;
-    if end > start {
-        prefix.resize(end as usize, 0);
-        source.read_at(start, &mut prefix[start as usize..])?;
+/// Checks a header block's claimed length (`what`: the metadata, the JSON header), which
+/// starts at byte `start`, against the limit and the source's length, then reads whatever of it
+/// the first read (`prefix`) did not hold. Returns where the block ends.
+pub(crate) fn read_header_block(
+    source: &dyn Source,
+    prefix: &mut Vec<u8>,
+    start: u64,
+    claimed: u64,
+    limits: &Limits,
+    what: &str,
+) -> Result<u64> {
+    if claimed > limits.max_metadata_len {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!(
+                "{what} claims {claimed} bytes, over the limit of {}",
+                limits.max_metadata_len
+            ),
+        ));
     }
-    Ok(())
+    let len = source.len();
+    let end = start + claimed;
+    if end > len {
+        return Err(Error::corrupt(format!(
+            "{what} claims {claimed} bytes but the container has only {len}"
+        )));
+    }
+    // Bounded by the source's length and the limit, both checked above.
+    let read = prefix.len() as u64;
+    if end > read {
+        prefix.resize(end as usize, 0);
+        source.read_at(read, &mut prefix[read as usize..])?;
+    }
+    Ok(end)
 }
 
 /// Checks every descriptor against the container's length and the limits (and, when

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 
 use super::{
     Contents, Descriptor, DescriptorRef, Layout, Limits, Plan, ReadOptions, TensorInfo,
-    extend_prefix, validate,
+    read_header_block, validate,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::storage::Source;
@@ -119,23 +119,14 @@ pub(crate) fn parse(
     let len = source.len();
     let len_field = prefix.get(..LEN_FIELD as usize).unwrap_or_default();
     let header_len = u64::from_le_bytes(len_field.try_into().unwrap_or_default());
-    if header_len > limits.max_metadata_len {
-        return Err(Error::new(
-            ErrorKind::LimitExceeded,
-            format!(
-                "safetensors header claims {header_len} bytes, over the limit of {}",
-                limits.max_metadata_len
-            ),
-        ));
-    }
-    let data_start = LEN_FIELD + header_len;
-    if data_start > len {
-        return Err(Error::corrupt(format!(
-            "safetensors header claims {header_len} bytes but the file has only {len}"
-        )));
-    }
-    // Bounded by the source's length and the header limit, both checked above.
-    extend_prefix(source, &mut prefix, data_start)?;
+    let data_start = read_header_block(
+        source,
+        &mut prefix,
+        LEN_FIELD,
+        header_len,
+        limits,
+        "safetensors header",
+    )?;
     let (descriptors, mut metadata) =
         decode(&prefix[LEN_FIELD as usize..data_start as usize], limits)?;
     drop(prefix);
