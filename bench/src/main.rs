@@ -467,10 +467,13 @@ const CASES: &[Case] = &[
     (&["small tensors"], small_tensors),
     (&["mmap load"], mmap_load),
     (&["pread"], pread),
+    (&["cold load"], cold_load),
+    (&["into caller memory"], into_caller_memory),
     (
         &[
             "object store save",
             "object store load",
+            "object store copy",
             "object store cpu",
             "object store rss",
         ],
@@ -747,6 +750,79 @@ fn pread(b: &mut Bench<'_>) -> Result<()> {
     )
 }
 
+/// Every tensor of the 2 GiB file from a cold page cache through the public API (`load_all`,
+/// parallel `pread`s into fresh buffers), against `dd` reading the file with `O_DIRECT`.
+fn cold_load(b: &mut Bench<'_>) -> Result<()> {
+    save_load_files(b)?;
+    let (local, dir) = (&b.local, &b.dir);
+    b.table.compare(
+        Start::Emptied,
+        "cold load: Reader::load_all from a local file",
+        b.big.bytes(),
+        "dd bs=64M iflag=direct",
+        || {
+            Reader::open_key(local, "big.bpk")?
+                .load_all()
+                .map(|all| drop(black_box(all)))
+        },
+        || {
+            let status = std::process::Command::new("dd")
+                .args([
+                    &format!("if={}", dir.join("big.bpk").display()),
+                    "of=/dev/null",
+                    "bs=64M",
+                    "iflag=direct",
+                    "status=none",
+                ])
+                .status()
+                .map_err(io("running dd"))?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(Error::invalid("dd failed"))
+            }
+        },
+    )
+}
+
+/// Every tensor of the page-cached file read into buffers the caller already owns and has
+/// touched (`Reader::read_into`), against memcpy of the same bytes into the same buffers.
+fn into_caller_memory(b: &mut Bench<'_>) -> Result<()> {
+    save_load_files(b)?;
+    let reader = Reader::open_key(&b.local, "big.bpk")?;
+    let names: Vec<&str> = reader.tensors().iter().map(|t| t.name()).collect();
+    let resident: Vec<Vec<u8>> = names
+        .iter()
+        .map(|name| reader.read(name))
+        .collect::<Result<_>>()?;
+    // Touched once here, so neither side pays to fault them in.
+    let buffers = std::cell::RefCell::new(
+        resident
+            .iter()
+            .map(|data| vec![1u8; data.len()])
+            .collect::<Vec<_>>(),
+    );
+    b.table.compare(
+        Start::Cached,
+        "Reader::read_into caller buffers (page cache)",
+        b.big.bytes(),
+        "memcpy into the same buffers",
+        || {
+            for (name, buf) in names.iter().zip(buffers.borrow_mut().iter_mut()) {
+                reader.read_into(name, buf)?;
+            }
+            Ok(())
+        },
+        || {
+            for (data, buf) in resident.iter().zip(buffers.borrow_mut().iter_mut()) {
+                buf.copy_from_slice(data);
+            }
+            black_box(&buffers);
+            Ok(())
+        },
+    )
+}
+
 /// The rows as a fixed-width table on standard output.
 fn print_table(table: &Table) {
     println!(
@@ -939,18 +1015,17 @@ fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
                     .with_fetch_request_len(fetch_request_len),
             );
             // Opening (one GET for header and metadata) is left out of both sides' timing.
-            let source = storage.open_object("ours.bpk")?;
-            let ranges: Vec<_> = Reader::open(Arc::new(source.clone()))?
-                .tensors()
-                .iter()
-                .map(|t| t.range())
-                .collect();
+            // Ours goes through the public API: a Reader over `dyn Source`, `load_all`.
+            let reader = Reader::open_key(&storage, "ours.bpk")?;
+            let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
             table.compare(
                 Start::Cached,
-                &format!("object store load every tensor ({label}, {setting})"),
+                &format!(
+                    "object store load every tensor via Reader::load_all ({label}, {setting})"
+                ),
                 big.bytes(),
                 "raw object_store get_ranges",
-                || source.fetch(&ranges).map(|b| drop(black_box(b))),
+                || reader.load_all().map(|b| drop(black_box(b))),
                 || {
                     runtime
                         .block_on(load_store.get_ranges(&location, &ranges))
@@ -959,6 +1034,35 @@ fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
                 },
             )?;
         }
+    }
+    if wanted("object store copy") {
+        // What `weightbay cp s3://…/ours.bpk local.bpk` does: a Reader's to_writer (which reads
+        // ahead in batches of the fetch budget) streamed into a local file.
+        let local = LocalStorage::new(dir);
+        let location = load_storage.prefix().clone().join("ours.bpk");
+        let ranges: Vec<_> = Reader::open_key(&load_storage, "ours.bpk")?
+            .tensors()
+            .iter()
+            .map(|t| t.range())
+            .collect();
+        table.compare(
+            Start::Cached,
+            &format!("object store copy to a local file, as weightbay cp ({label})"),
+            big.bytes(),
+            "raw object_store get_ranges (load only)",
+            || {
+                Reader::open_key(&load_storage, "ours.bpk")?
+                    .to_writer()
+                    .write_to(&local, "copied.bpk")
+                    .map(drop)
+            },
+            || {
+                runtime
+                    .block_on(load_store.get_ranges(&location, &ranges))
+                    .map(|b| drop(black_box(b)))
+                    .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
+            },
+        )?;
     }
     if wanted("object store cpu") {
         // Client CPU (user + system) per GiB written to the S3 server, against raw

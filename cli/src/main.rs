@@ -103,6 +103,17 @@ fn retry() -> object_store::RetryConfig {
     retry
 }
 
+/// Runs a one-shot read of `what` again from the start, up to three times in all, when the
+/// object was replaced while it was read, saying so: the copy or verify then covers one whole
+/// version, the newest.
+fn restarting<T>(what: &str, attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    weightbay::reader::retry_on_change(3, attempt, |e, attempt| {
+        eprintln!(
+            "{what} changed while it was read ({e}); starting over on its new version (attempt {attempt} of 3)"
+        );
+    })
+}
+
 /// Resolves a path or URL the user gave.
 fn locate(input: &str) -> Result<Location> {
     Location::parse_with_retry(input, retry())
@@ -136,8 +147,8 @@ fn run(command: Command) -> Result<ExitCode> {
             url,
             require_checksums,
         } => {
-            let reader = open(&locate(&url)?)?;
-            let report = reader.verify()?;
+            let location = locate(&url)?;
+            let report = restarting(&url, || open(&location)?.verify())?;
             if report.checksummed {
                 println!(
                     "ok: {} tensors, {} bytes, every checksum matches",
@@ -164,26 +175,28 @@ fn run(command: Command) -> Result<ExitCode> {
             no_clobber,
         } => {
             let (from, to) = (locate(&src)?, locate(&dst)?);
-            let reader = open(&from)?;
-            let format = match format {
-                Some(FormatArg::Burnpack) => Format::Burnpack,
-                Some(FormatArg::Safetensors) => Format::Safetensors,
-                None => Format::from_file_name(to.file_name()).unwrap_or(reader.format()),
-            };
             let mode = if no_clobber {
                 WriteMode::CreateNew
             } else {
                 WriteMode::Overwrite
             };
-            let writer = reader
-                .to_writer()
-                .with_format(format)
-                .with_mode(mode)
-                .with_cancel(Arc::clone(&INTERRUPTED));
-            let total = writer.size()?;
-            let storage = progress::Counting::new(Arc::clone(&to.storage), total);
-            let summary = writer.write_to(&storage, &to.key)?;
-            storage.finish();
+            let (summary, format) = restarting(&src, || {
+                let reader = open(&from)?;
+                let format = match format {
+                    Some(FormatArg::Burnpack) => Format::Burnpack,
+                    Some(FormatArg::Safetensors) => Format::Safetensors,
+                    None => Format::from_file_name(to.file_name()).unwrap_or(reader.format()),
+                };
+                let writer = reader
+                    .to_writer()
+                    .with_format(format)
+                    .with_mode(mode)
+                    .with_cancel(Arc::clone(&INTERRUPTED));
+                let storage = progress::Counting::new(Arc::clone(&to.storage), writer.size()?);
+                let summary = writer.write_to(&storage, &to.key)?;
+                storage.finish();
+                Ok((summary, format))
+            })?;
             eprintln!(
                 "copied {} tensors, {} bytes, as {format}, to {dst}",
                 summary.tensors, summary.len

@@ -1248,6 +1248,54 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H) -> Outcome {
     Outcome::Checked
 }
 
+/// [`Source::fetch`](weightbay::Source::fetch) of random range lists (unordered, overlapping,
+/// repeated, empty, spanning several parts) gives exactly what `read_at` gives for each range,
+/// in the order asked; a list with one range past the end fails whole with `OutOfRange`.
+pub fn batched_reads_match_single_reads<H: Harness>(harness: &H) -> Outcome {
+    let case = "batched_reads_match_single_reads";
+    let storage = harness.fresh();
+    let spec = several_parts(harness, 7);
+    spec.writer()
+        .write_to(&storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "write: {e}"));
+    let source = storage
+        .open(KEY)
+        .unwrap_or_else(|e| fail!(case, "open: {e}"));
+    let len = source.len();
+    let ranges = proptest::collection::vec((0..=len, 0u64..200_000), 0..12).prop_map(move |v| {
+        v.into_iter()
+            .map(|(start, span)| start..start.saturating_add(span).min(len))
+            .collect::<Vec<_>>()
+    });
+    run_property(case, ranges, |ranges| {
+        let fetched = source
+            .fetch(&ranges)
+            .map_err(|e| TestCaseError::fail(format!("fetch: {e}")))?;
+        prop_assert_eq!(fetched.len(), ranges.len(), "one result per range");
+        for (range, bytes) in ranges.iter().zip(&fetched) {
+            let mut single = vec![0; (range.end - range.start) as usize];
+            source
+                .read_at(range.start, &mut single)
+                .map_err(|e| TestCaseError::fail(format!("read_at: {e}")))?;
+            let batched = bytes
+                .to_vec()
+                .map_err(|e| TestCaseError::fail(format!("reading fetched bytes: {e}")))?;
+            prop_assert!(batched == single, "fetch of {range:?} differs from read_at");
+        }
+        Ok(())
+    });
+    let past_end = [0..10, len - 1..len + 1, 5..6];
+    match source.fetch(&past_end) {
+        Err(e) if e.kind() == ErrorKind::OutOfRange => {}
+        other => fail!(
+            case,
+            "a range past the end: expected OutOfRange, got {:?}",
+            other.map(|v| v.len()).map_err(|e| e.kind())
+        ),
+    }
+    Outcome::Checked
+}
+
 /// Truncated, bit-flipped and hostile containers stored in the backend give typed errors on
 /// open, read and verify, never a panic; a flipped tensor byte fails verify naming the tensor.
 pub fn corrupt_containers_fail_cleanly<H: Harness>(harness: &H) -> Outcome {

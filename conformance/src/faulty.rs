@@ -310,6 +310,14 @@ impl Source for FaultySource {
     fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
         self.plan.storage_op("bytes", || self.inner.bytes(range))
     }
+
+    fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        self.plan.storage_op("fetch", || self.inner.fetch(ranges))
+    }
+
+    fn fetch_ahead(&self) -> u64 {
+        self.inner.fetch_ahead()
+    }
 }
 
 /// A file system whose operations follow a [`FaultPlan`]: the failed one returns an

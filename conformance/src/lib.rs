@@ -198,7 +198,7 @@ impl Suite {
     /// Adds every case for `harness`, named `name::case` (or `case` when `name` is empty).
     #[must_use]
     pub fn backend<H: Harness>(mut self, name: &str, harness: H) -> Self {
-        let cases: [(&'static str, CaseFn<H>); 17] = [
+        let cases: [(&'static str, CaseFn<H>); 18] = [
             ("roundtrip_matches_writer", |h, _| {
                 cases::roundtrip_matches_writer(h)
             }),
@@ -244,6 +244,9 @@ impl Suite {
             ),
             ("readers_keep_their_version", |h, _| {
                 cases::readers_keep_their_version(h)
+            }),
+            ("batched_reads_match_single_reads", |h, _| {
+                cases::batched_reads_match_single_reads(h)
             }),
             ("corrupt_containers_fail_cleanly", |h, _| {
                 cases::corrupt_containers_fail_cleanly(h)

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::bytes::SharedBytes;
 use crate::storage::{
-    Capabilities, CreateOptions, Sink, Source, Storage, WriteMode, check_range, validate_key,
+    Capabilities, CreateOptions, Sink, Source, Storage, WriteMode, check_range, check_ranges,
+    validate_key,
 };
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
@@ -176,5 +177,14 @@ impl Source for MemorySource {
             self.data.slice(range),
             AllocationProperty::Shared,
         ))
+    }
+
+    /// Views of the buffer: already resident, so nothing is copied.
+    fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        check_ranges(ranges, self.len())?;
+        ranges
+            .iter()
+            .map(|range| self.bytes(range.clone()))
+            .collect()
     }
 }

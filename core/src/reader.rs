@@ -250,22 +250,78 @@ impl Reader {
             .collect()
     }
 
+    /// The named tensors' bytes, in the order named, read together in one batched read that
+    /// the source may coalesce and run in parallel ([`Source::fetch`]).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] naming a missing tensor; the source's errors.
+    pub fn load(&self, names: &[&str]) -> Result<Vec<Bytes>> {
+        let ranges = names
+            .iter()
+            .map(|name| self.tensor(name).map(TensorInfo::range))
+            .collect::<Result<Vec<_>>>()?;
+        self.source
+            .fetch(&ranges)
+            .map_err(|e| e.with_operation("load"))
+    }
+
+    /// Every tensor with its bytes, in data order, read together ([`load`](Self::load)). The
+    /// whole checkpoint is then in memory; [`to_writer`](Self::to_writer) streams instead.
+    ///
+    /// # Errors
+    /// The source's errors.
+    pub fn load_all(&self) -> Result<Vec<(&TensorInfo, Bytes)>> {
+        let order = self.data_order();
+        let ranges: Vec<Range<u64>> = order.iter().map(|info| info.range()).collect();
+        let bytes = self
+            .source
+            .fetch(&ranges)
+            .map_err(|e| e.with_operation("load"))?;
+        Ok(order.into_iter().zip(bytes).collect())
+    }
+
+    /// Reads a tensor into `buf`, memory the caller owns (a pinned staging buffer, an arena),
+    /// which must be exactly the tensor's length: a file source reads straight into it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a buffer of another length; as [`bytes`](Self::bytes).
+    pub fn read_into(&self, name: &str, buf: &mut [u8]) -> Result<()> {
+        let info = self.tensor(name)?;
+        if buf.len() as u64 != info.byte_len() {
+            return Err(Error::invalid(format!(
+                "a {}-byte buffer for a {}-byte tensor",
+                buf.len(),
+                info.byte_len()
+            ))
+            .with_tensor(name));
+        }
+        self.source
+            .read_at(info.range.start, buf)
+            .map_err(|e| e.with_tensor(name))
+    }
+
     /// A writer that re-encodes this container (same tensors in data order, metadata and
     /// scalars) and streams each tensor from the source when it is written, so copying a
-    /// container between storages holds at most one write window in memory.
+    /// container between storages holds at most one write window in memory, plus, from a
+    /// source that gains from reading ahead (an object store), the next
+    /// [`Source::fetch_ahead`] bytes of tensors, fetched together.
     pub fn to_writer(&self) -> Writer {
-        let tensors = self
-            .data_order()
+        let order = self.data_order();
+        let ahead = Arc::new(ReadAhead::new(
+            Arc::clone(&self.source),
+            order.iter().map(|info| info.range()).collect(),
+        ));
+        let tensors = order
             .into_iter()
-            .map(|info| {
-                let source = Arc::clone(&self.source);
-                let range = info.range();
+            .enumerate()
+            .map(|(index, info)| {
+                let ahead = Arc::clone(&ahead);
                 let tensor = Tensor::deferred(
                     &info.name,
                     info.dtype.clone(),
                     info.shape.clone(),
                     info.byte_len(),
-                    move || source.bytes(range.clone()),
+                    move || ahead.take(index),
                 );
                 match info.param_id {
                     Some(id) => tensor.with_param_id(id),
@@ -363,6 +419,107 @@ impl Reader {
         let mut order: Vec<&TensorInfo> = self.tensors.iter().collect();
         order.sort_by_key(|info| (info.range.start, info.range.end));
         order
+    }
+}
+
+/// Runs `attempt` again while it fails with [`ErrorKind::Changed`] (what it read was replaced
+/// while it read it), up to `tries` times in all, telling `on_retry` each time: the opt-in policy
+/// for one-shot work such as a copy or a verify, which should then start over on the new
+/// version. Readers themselves never retry: a replaced object stays an error, never a mix.
+///
+/// ```
+/// use weightbay::reader::retry_on_change;
+/// use weightbay::{Error, ErrorKind};
+/// let mut calls = 0;
+/// let result = retry_on_change(3, || {
+///     calls += 1;
+///     if calls < 3 { Err(Error::new(ErrorKind::Changed, "replaced")) } else { Ok(calls) }
+/// }, |_, _| {});
+/// assert_eq!(result?, 3);
+/// # Ok::<(), weightbay::Error>(())
+/// ```
+///
+/// # Errors
+/// The last attempt's error.
+pub fn retry_on_change<T>(
+    tries: usize,
+    mut attempt: impl FnMut() -> Result<T>,
+    mut on_retry: impl FnMut(&Error, usize),
+) -> Result<T> {
+    let mut tried = 1;
+    loop {
+        match attempt() {
+            Err(e) if e.kind() == ErrorKind::Changed && tried < tries => {
+                tried += 1;
+                on_retry(&e, tried);
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Hands out the tensors of a copy in data order, fetching them in batches of up to the
+/// source's [`fetch_ahead`](Source::fetch_ahead) bytes (one tensor at a time where it is 0),
+/// and keeping only the current batch.
+#[derive(Debug)]
+struct ReadAhead {
+    source: Arc<dyn Source>,
+    ranges: Vec<Range<u64>>,
+    /// The batch fetched last: the index of its first range, and its bytes not taken yet.
+    batch: std::sync::Mutex<(usize, Vec<Option<Bytes>>)>,
+}
+
+impl ReadAhead {
+    fn new(source: Arc<dyn Source>, ranges: Vec<Range<u64>>) -> Self {
+        Self {
+            source,
+            ranges,
+            batch: std::sync::Mutex::new((0, Vec::new())),
+        }
+    }
+
+    /// The bytes of range `index`: from the current batch, or from a new batch starting there.
+    fn take(&self, index: usize) -> Result<Bytes> {
+        let ahead = self.source.fetch_ahead();
+        let range = self.ranges.get(index).cloned().unwrap_or(0..0);
+        if ahead == 0 {
+            return self.source.bytes(range);
+        }
+        let mut batch = self
+            .batch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (first, held) = &mut *batch;
+        if let Some(bytes) = index
+            .checked_sub(*first)
+            .and_then(|i| held.get_mut(i))
+            .and_then(Option::take)
+        {
+            return Ok(bytes);
+        }
+        // Ranges from `index` on, up to `ahead` bytes (at least one).
+        let mut end = index;
+        let mut len = 0;
+        while let Some(next) = self.ranges.get(end) {
+            len += next.end - next.start;
+            if end > index && len > ahead {
+                break;
+            }
+            end += 1;
+        }
+        let batch_ranges = self
+            .ranges
+            .get(index..end.max(index + 1))
+            .unwrap_or_default();
+        let fetched = self.source.fetch(batch_ranges)?;
+        let mut fetched = fetched.into_iter().map(Some).collect::<Vec<_>>();
+        let bytes = fetched
+            .first_mut()
+            .and_then(Option::take)
+            .ok_or_else(|| Error::new(ErrorKind::Io, "a batched read returned nothing"))?;
+        *first = index;
+        *held = fetched;
+        Ok(bytes)
     }
 }
 

@@ -40,13 +40,50 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`ErrorKind::OutOfRange`] past the end; the backend's error otherwise.
     fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
-        check_range(&range, self.len())?;
-        let len = usize::try_from(range.end - range.start)
-            .map_err(|_| Error::new(ErrorKind::OutOfRange, "range does not fit in memory"))?;
-        let mut bytes = Bytes::zeroed(len, 64)?;
-        self.read_at(range.start, bytes.make_mut()?)?;
-        Ok(bytes)
+        read_resident(self, &range)
     }
+
+    /// The bytes of every range in `ranges`, in the order given, read now rather than on first
+    /// access: a load asks for many tensors at once so the backend can coalesce the reads and
+    /// run them in parallel. Every range is checked before anything is read. The default reads
+    /// them one by one with [`read_at`](Self::read_at).
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] when any range is past the end, and then nothing is read; the
+    /// backend's error otherwise.
+    fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        check_ranges(ranges, self.len())?;
+        ranges
+            .iter()
+            .map(|range| read_resident(self, range))
+            .collect()
+    }
+
+    /// How many bytes a reader going through the container in order gains from asking
+    /// [`fetch`](Self::fetch) for at once: 0 (the default) where a range costs the same alone
+    /// (memory, a map, a local file); an object store's fetch budget, since each request pays
+    /// a round trip.
+    fn fetch_ahead(&self) -> u64 {
+        0
+    }
+}
+
+/// `range` read with `read_at` into fresh memory.
+fn read_resident<S: Source + ?Sized>(source: &S, range: &Range<u64>) -> Result<Bytes> {
+    check_range(range, source.len())?;
+    let len = usize::try_from(range.end - range.start)
+        .map_err(|_| Error::new(ErrorKind::OutOfRange, "range does not fit in memory"))?;
+    let mut bytes = Bytes::zeroed(len, 64)?;
+    source.read_at(range.start, bytes.make_mut()?)?;
+    Ok(bytes)
+}
+
+/// Checks every range of a batched read against a source of `len` bytes.
+///
+/// # Errors
+/// [`ErrorKind::OutOfRange`] for the first range that is reversed or passes `len`.
+pub fn check_ranges(ranges: &[Range<u64>], len: u64) -> Result<()> {
+    ranges.iter().try_for_each(|range| check_range(range, len))
 }
 
 /// Checks, at commit, that a sink received the length the writer planned

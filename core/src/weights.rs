@@ -152,6 +152,19 @@ pub trait WeightSource: Send + Sync {
     /// The backing's errors.
     fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>>;
 
+    /// The checkpoint tensors `names`, in order, as [`stored_tensor`](Self::stored_tensor)
+    /// gives them one by one (the default). A source that reads several at once overrides it:
+    /// a [`Reader`] fetches them in one batched read ([`Source::fetch`](crate::Source::fetch)).
+    ///
+    /// # Errors
+    /// The backing's errors.
+    fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
+        names
+            .iter()
+            .map(|name| self.stored_tensor(name).map_err(|e| e.with_tensor(name)))
+            .collect()
+    }
+
     /// The component's bytes as ordered segments, one per checkpoint tensor, without copying
     /// them together. `None` when a tensor is missing and the component is not required.
     /// Segment boundaries are not part of the component's ABI: only their total is checked.
@@ -171,11 +184,9 @@ pub trait WeightSource: Send + Sync {
         let expected = spec.byte_len()?;
         let mut segments = Vec::with_capacity(spec.tensors.len());
         let mut total = 0u64;
-        for name in &spec.tensors {
-            let Some(stored) = self
-                .stored_tensor(name)
-                .map_err(|e| in_component(e).with_tensor(name))?
-            else {
+        let all_stored = self.stored_tensors(&spec.tensors).map_err(in_component)?;
+        for (name, stored) in spec.tensors.iter().zip(all_stored) {
+            let Some(stored) = stored else {
                 if spec.required {
                     return Err(Error::new(
                         ErrorKind::NotFound,
@@ -269,6 +280,28 @@ impl WeightSource for Reader {
             shape: info.shape().to_vec(),
             bytes: self.bytes(name)?,
         }))
+    }
+
+    fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
+        let infos: Vec<_> = names.iter().map(|name| self.tensor(name).ok()).collect();
+        let ranges: Vec<_> = infos.iter().flatten().map(|info| info.range()).collect();
+        let mut fetched = self.source().fetch(&ranges)?.into_iter();
+        infos
+            .into_iter()
+            .map(|info| {
+                let Some(info) = info else {
+                    return Ok(None);
+                };
+                let bytes = fetched.next().ok_or_else(|| {
+                    Error::new(ErrorKind::Io, "a batched read returned too few ranges")
+                })?;
+                Ok(Some(StoredTensor {
+                    dtype: info.dtype().clone(),
+                    shape: info.shape().to_vec(),
+                    bytes,
+                }))
+            })
+            .collect()
     }
 }
 

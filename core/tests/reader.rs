@@ -487,3 +487,44 @@ proptest! {
         prop_assert_eq!(err.tensor(), Some(name.as_str()));
     }
 }
+
+/// Batched loads and reads into caller memory give what single reads give.
+#[test]
+fn load_load_all_and_read_into_agree_with_read() {
+    let storage = weightbay::MemoryStorage::new();
+    Writer::new(vec![
+        Tensor::from_slice("b", [3], &[1u16, 2, 3]),
+        Tensor::from_slice("a", [2], &[7u64, 8]),
+        Tensor::new("empty", DType::U8, [0], Vec::new()),
+    ])
+    .write_to(&storage, "m.bpk")
+    .unwrap();
+    let reader = Reader::open_key(&storage, "m.bpk").unwrap();
+    let loaded = reader.load(&["a", "empty", "b", "a"]).unwrap();
+    let expected: Vec<Vec<u8>> = ["a", "empty", "b", "a"]
+        .iter()
+        .map(|name| reader.read(name).unwrap())
+        .collect();
+    let loaded: Vec<Vec<u8>> = loaded.iter().map(|b| b.to_vec().unwrap()).collect();
+    assert_eq!(loaded, expected);
+    let names: Vec<&str> = reader
+        .load_all()
+        .unwrap()
+        .iter()
+        .map(|(info, _)| info.name())
+        .collect();
+    assert_eq!(names, ["b", "a", "empty"], "data order");
+    let mut buf = vec![0u8; 16];
+    reader.read_into("a", &mut buf).unwrap();
+    assert_eq!(buf, reader.read("a").unwrap());
+    let err = reader.read_into("a", &mut [0u8; 3]).unwrap_err();
+    assert_eq!(
+        (err.kind(), err.tensor()),
+        (ErrorKind::InvalidInput, Some("a"))
+    );
+    let err = reader.load(&["a", "missing"]).unwrap_err();
+    assert_eq!(
+        (err.kind(), err.tensor()),
+        (ErrorKind::NotFound, Some("missing"))
+    );
+}

@@ -280,4 +280,14 @@ impl Source for ObjectSource {
         )?;
         Ok(Bytes::from_controller(Box::new(region)))
     }
+
+    /// Coalesced, parallel, version-pinned GETs: see [`ObjectSource::fetch`].
+    fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        ObjectSource::fetch(self, ranges)
+    }
+
+    /// The fetch budget: what [`fetch`](Self::fetch) may keep in flight.
+    fn fetch_ahead(&self) -> u64 {
+        self.0.fetch_budget as u64
+    }
 }

@@ -399,3 +399,37 @@ fn a_store_failure_keeps_its_cause() {
         }
     }
 }
+
+/// The public load path gets the batched read: `Reader::load_all` and a copy through
+/// `to_writer` ask the store for every tensor in a few coalesced requests, not one each.
+#[test]
+fn loads_and_copies_fetch_in_batches() {
+    let (store, storage) = counting();
+    Writer::new(tensors(40, 5000))
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let reader = Reader::open_key(&storage, "m.bpk").unwrap();
+    store.gets.store(0, Ordering::SeqCst);
+    let all = reader.load_all().unwrap();
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        1,
+        "40 adjacent tensors of 5000 bytes, one request of at most 1 MiB"
+    );
+    for (info, bytes) in &all {
+        assert_eq!(bytes.to_vec().unwrap(), reader.read(info.name()).unwrap());
+    }
+
+    store.gets.store(0, Ordering::SeqCst);
+    let copy = weightbay::MemoryStorage::new();
+    reader.to_writer().write_to(&copy, "m.bpk").unwrap();
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        1,
+        "the copy reads ahead up to the 1 MiB fetch budget: one batch"
+    );
+    let copied = Reader::open_key(&copy, "m.bpk").unwrap();
+    for (info, bytes) in &all {
+        assert_eq!(copied.read(info.name()).unwrap(), bytes.to_vec().unwrap());
+    }
+}
