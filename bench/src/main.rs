@@ -1002,8 +1002,15 @@ fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
     let label = "S3 server";
     Writer::new(big.ours()).write_to(&load_storage, "ours.bpk")?;
     let load_store = Arc::clone(load_storage.store());
+    let location = load_storage.prefix().clone().join("ours.bpk");
+    // The peer of the load and copy cases: object_store's own `get_ranges` of every tensor.
+    let raw_get_ranges = |ranges: &[std::ops::Range<u64>]| -> Result<()> {
+        runtime
+            .block_on(load_store.get_ranges(&location, ranges))
+            .map(|b| drop(black_box(b)))
+            .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
+    };
     if wanted("object store load") {
-        let location = load_storage.prefix().clone().join("ours.bpk");
         let configured = load_storage.options().fetch_request_len;
         let forced = Some(args.fetch_request_mib << 20);
         let describe = |request_len: Option<u64>| {
@@ -1033,12 +1040,7 @@ fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
                 big.bytes(),
                 "raw object_store get_ranges",
                 || reader.load_all().map(|b| drop(black_box(b))),
-                || {
-                    runtime
-                        .block_on(load_store.get_ranges(&location, &ranges))
-                        .map(|b| drop(black_box(b)))
-                        .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
-                },
+                || raw_get_ranges(&ranges),
             )?;
         }
     }
@@ -1046,7 +1048,6 @@ fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
         // What `weightbay cp s3://…/ours.bpk local.bpk` does: a Reader's to_writer (which reads
         // ahead in batches of the fetch budget) streamed into a local file.
         let local = LocalStorage::new(dir);
-        let location = load_storage.prefix().clone().join("ours.bpk");
         let ranges: Vec<_> = Reader::open_key(&load_storage, "ours.bpk")?
             .tensors()
             .iter()
@@ -1063,12 +1064,7 @@ fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
                     .write_to(&local, "copied.bpk")
                     .map(drop)
             },
-            || {
-                runtime
-                    .block_on(load_store.get_ranges(&location, &ranges))
-                    .map(|b| drop(black_box(b)))
-                    .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
-            },
+            || raw_get_ranges(&ranges),
         )?;
     }
     if wanted("object store cpu") {

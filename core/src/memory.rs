@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::bytes::SharedBytes;
 use crate::storage::{
-    Capabilities, CreateOptions, Sink, Source, Storage, WriteMode, check_range, check_ranges,
+    Capabilities, CreateOptions, Sink, Source, Storage, WriteMode, check_range, fetch_views,
     validate_key,
 };
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
@@ -181,10 +181,6 @@ impl Source for MemorySource {
 
     /// Views of the buffer: already resident, so nothing is copied.
     fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        check_ranges(ranges, self.len())?;
-        ranges
-            .iter()
-            .map(|range| self.bytes(range.clone()))
-            .collect()
+        fetch_views(self, ranges)
     }
 }

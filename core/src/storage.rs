@@ -78,6 +78,19 @@ fn read_resident<S: Source + ?Sized>(source: &S, range: &Range<u64>) -> Result<B
     Ok(bytes)
 }
 
+/// [`Source::fetch`] for a source whose [`bytes`](Source::bytes) are already resident views
+/// (memory, a map): every range checked first, then a view of each, nothing copied.
+///
+/// # Errors
+/// [`ErrorKind::OutOfRange`] when any range is past the end; the source's errors.
+pub fn fetch_views<S: Source + ?Sized>(source: &S, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+    check_ranges(ranges, source.len())?;
+    ranges
+        .iter()
+        .map(|range| source.bytes(range.clone()))
+        .collect()
+}
+
 /// Checks every range of a batched read against a source of `len` bytes.
 ///
 /// # Errors

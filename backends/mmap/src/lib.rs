@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::{Advice, Mmap};
-use weightbay::storage::{check_range, check_ranges, validate_key};
+use weightbay::storage::{check_range, fetch_views, validate_key};
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Result, Sink, Source, Storage,
 };
@@ -195,10 +195,6 @@ impl Source for MmapSource {
     /// Views of the map: nothing is copied; pages come in as they are touched (or ahead of
     /// time with [`Prefetch::Sequential`]).
     fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        check_ranges(ranges, self.len())?;
-        ranges
-            .iter()
-            .map(|range| self.bytes(range.clone()))
-            .collect()
+        fetch_views(self, ranges)
     }
 }
