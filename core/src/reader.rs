@@ -9,7 +9,7 @@ use crate::bytes::SharedBytes;
 use crate::dtype::Element;
 use crate::format::{Format, Layout, burnpack, safetensors, trailer};
 pub use crate::format::{ReadOptions, TensorInfo, Validation};
-use crate::storage::{Source, Storage};
+use crate::storage::{Source, Storage, read_at_parallel};
 use crate::writer::WRITE_CHUNK_LEN;
 use crate::{Bytes, DType, Error, ErrorKind, Result, Scalar, Tensor, Writer};
 
@@ -298,6 +298,72 @@ impl Reader {
         self.source
             .read_at(info.range.start, buf)
             .map_err(|e| e.with_tensor(name))
+    }
+
+    /// Reads many tensors into memory the caller owns, each buffer exactly its tensor's
+    /// length, checking every name and length before reading anything. A source that reads
+    /// ahead (an object store) fetches them in batches of [`Source::fetch_ahead`] bytes and
+    /// copies each batch out once; any other source reads straight into the buffers, the
+    /// tensors shared out over a few threads.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] or [`ErrorKind::InvalidInput`] naming the tensor, before any
+    /// read; the source's errors.
+    pub fn read_many_into(&self, targets: &mut [(&str, &mut [u8])]) -> Result<()> {
+        let mut ranges = Vec::with_capacity(targets.len());
+        for (name, buf) in targets.iter() {
+            let info = self.tensor(name)?;
+            if buf.len() as u64 != info.byte_len() {
+                return Err(Error::invalid(format!(
+                    "a {}-byte buffer for a {}-byte tensor",
+                    buf.len(),
+                    info.byte_len()
+                ))
+                .with_tensor(*name));
+            }
+            ranges.push(info.range());
+        }
+        let ahead = self.source.fetch_ahead();
+        if ahead > 0 {
+            let mut start = 0;
+            while start < ranges.len() {
+                let mut end = start + 1;
+                let mut len = ranges[start].end - ranges[start].start;
+                while let Some(next) = ranges.get(end) {
+                    len += next.end - next.start;
+                    if len > ahead {
+                        break;
+                    }
+                    end += 1;
+                }
+                let batch = ranges.get(start..end).unwrap_or_default();
+                let fetched = self.source.fetch(batch)?;
+                for ((_, buf), bytes) in targets.iter_mut().skip(start).zip(&fetched) {
+                    bytes.read_at(0, buf)?;
+                }
+                start = end;
+            }
+            return Ok(());
+        }
+        let mut jobs: Vec<(u64, &mut [u8])> = targets
+            .iter_mut()
+            .zip(&ranges)
+            .map(|((_, buf), range)| (range.start, &mut **buf))
+            .collect();
+        read_at_parallel(self.source.as_ref(), &mut jobs).map_err(|e| {
+            // Name the tensor the failed read was for.
+            let tensor = e.offset().and_then(|at| {
+                ranges
+                    .iter()
+                    .zip(targets.iter())
+                    .find(|(range, _)| range.contains(&at))
+                    .map(|(_, (name, _))| (*name).to_owned())
+            });
+            match tensor {
+                Some(name) => e.with_tensor(name),
+                None => e,
+            }
+        })
     }
 
     /// A writer that re-encodes this container (same tensors in data order, metadata and

@@ -528,3 +528,39 @@ fn load_load_all_and_read_into_agree_with_read() {
         (ErrorKind::NotFound, Some("missing"))
     );
 }
+
+/// Many tensors into caller buffers, checked before anything is read, on one thread or several.
+#[test]
+fn read_many_into_fills_every_buffer() {
+    let storage = weightbay::MemoryStorage::new();
+    // Over the 4 MiB from which reads are spread over threads.
+    let tensors: Vec<Tensor> = (0..8u8)
+        .map(|i| Tensor::new(format!("t{i}"), DType::U8, [1 << 20], vec![i; 1 << 20]))
+        .collect();
+    Writer::new(tensors).write_to(&storage, "m.bpk").unwrap();
+    let reader = Reader::open_key(&storage, "m.bpk").unwrap();
+    let names: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
+    let mut buffers = vec![vec![0xffu8; 1 << 20]; 8];
+    let mut targets: Vec<(&str, &mut [u8])> = names
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|(name, buf)| (name.as_str(), buf.as_mut_slice()))
+        .collect();
+    reader.read_many_into(&mut targets).unwrap();
+    for (i, buf) in buffers.iter().enumerate() {
+        assert!(buf.iter().all(|&b| b == i as u8), "t{i}");
+    }
+    let mut short = [0u8; 10];
+    let mut whole = vec![0u8; 1 << 20];
+    let err = reader
+        .read_many_into(&mut [("t0", &mut whole), ("t1", &mut short)])
+        .unwrap_err();
+    assert_eq!(
+        (err.kind(), err.tensor()),
+        (ErrorKind::InvalidInput, Some("t1"))
+    );
+    assert!(
+        whole.iter().all(|&b| b == 0),
+        "nothing is read before every target is checked"
+    );
+}

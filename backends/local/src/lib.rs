@@ -35,7 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use std_fs::StdFileSystem;
 use weightbay::fs::{FileHandle, FileSystem};
-use weightbay::storage::{check_range, check_ranges, check_written, validate_key};
+use weightbay::storage::{
+    check_range, check_ranges, check_written, read_at_parallel, validate_key,
+};
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind,
     LazyRegion, Result, Sink, Source, Storage, WriteMode,
@@ -482,9 +484,8 @@ impl Source for LocalSource {
         Ok(Bytes::from_controller(Box::new(region)))
     }
 
-    /// `pread`s straight into the returned buffers, the ranges shared out over a few threads:
-    /// one thread leaves a cold disk's queue half empty, and from the page cache a single
-    /// core's copy is the limit.
+    /// `pread`s straight into the returned buffers, the ranges shared out over a few threads
+    /// ([`read_at_parallel`]).
     fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         check_ranges(ranges, self.len())?;
         let mut out: Vec<Bytes> = ranges
@@ -496,41 +497,12 @@ impl Source for LocalSource {
                 Bytes::zeroed(len, 64)
             })
             .collect::<Result<_>>()?;
-        let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, usize::from)
-            .min(FETCH_THREADS)
-            .min(ranges.len().max(1));
-        if threads <= 1 || total < PARALLEL_FETCH_FROM {
-            for (buf, range) in out.iter_mut().zip(ranges) {
-                self.0.read_at(range.start, buf.make_mut()?)?;
-            }
-            return Ok(out);
-        }
-        let per_thread = ranges.len().div_ceil(threads);
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = out
-                .chunks_mut(per_thread)
-                .zip(ranges.chunks(per_thread))
-                .map(|(bufs, ranges)| {
-                    scope.spawn(move || {
-                        bufs.iter_mut().zip(ranges).try_for_each(|(buf, range)| {
-                            self.0.read_at(range.start, buf.make_mut()?)
-                        })
-                    })
-                })
-                .collect();
-            workers.into_iter().try_for_each(|worker| {
-                worker
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "a read thread panicked")))
-            })
-        })?;
+        let mut jobs: Vec<(u64, &mut [u8])> = out
+            .iter_mut()
+            .zip(ranges)
+            .map(|(buf, range)| Ok((range.start, buf.make_mut()?)))
+            .collect::<Result<_>>()?;
+        read_at_parallel(self.0.as_ref(), &mut jobs)?;
         Ok(out)
     }
 }
-
-/// Threads a batched local read uses at most.
-const FETCH_THREADS: usize = 4;
-/// Batches smaller than this are read on the calling thread: starting threads would cost more.
-const PARALLEL_FETCH_FROM: u64 = 4 << 20;

@@ -432,4 +432,21 @@ fn loads_and_copies_fetch_in_batches() {
     for (info, bytes) in &all {
         assert_eq!(copied.read(info.name()).unwrap(), bytes.to_vec().unwrap());
     }
+
+    store.gets.store(0, Ordering::SeqCst);
+    let mut buffers = vec![vec![0u8; 5000]; all.len()];
+    let mut targets: Vec<(&str, &mut [u8])> = all
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|((info, _), buf)| (info.name(), buf.as_mut_slice()))
+        .collect();
+    reader.read_many_into(&mut targets).unwrap();
+    assert_eq!(
+        store.gets.load(Ordering::SeqCst),
+        1,
+        "into caller buffers, in one batch too"
+    );
+    for ((_, bytes), buf) in all.iter().zip(&buffers) {
+        assert_eq!(&bytes.to_vec().unwrap(), buf);
+    }
 }
