@@ -327,15 +327,7 @@ impl Reader {
         if ahead > 0 {
             let mut start = 0;
             while start < ranges.len() {
-                let mut end = start + 1;
-                let mut len = ranges[start].end - ranges[start].start;
-                while let Some(next) = ranges.get(end) {
-                    len += next.end - next.start;
-                    if len > ahead {
-                        break;
-                    }
-                    end += 1;
-                }
+                let end = batch_end(&ranges, start, ahead);
                 let batch = ranges.get(start..end).unwrap_or_default();
                 let fetched = self.source.fetch(batch)?;
                 for ((_, buf), bytes) in targets.iter_mut().skip(start).zip(&fetched) {
@@ -524,6 +516,21 @@ pub fn retry_on_change<T>(
     }
 }
 
+/// Where a batch of `ranges` that starts at `start` ends: as many ranges as fit in `ahead`
+/// bytes, and at least one.
+fn batch_end(ranges: &[Range<u64>], start: usize, ahead: u64) -> usize {
+    let mut end = start + 1;
+    let mut len = ranges.get(start).map_or(0, |r| r.end - r.start);
+    while let Some(next) = ranges.get(end) {
+        len += next.end - next.start;
+        if len > ahead {
+            break;
+        }
+        end += 1;
+    }
+    end
+}
+
 /// Hands out the tensors of a copy in data order, fetching them in batches of up to the
 /// source's [`fetch_ahead`](Source::fetch_ahead) bytes (one tensor at a time where it is 0),
 /// and keeping only the current batch.
@@ -563,20 +570,8 @@ impl ReadAhead {
         {
             return Ok(bytes);
         }
-        // Ranges from `index` on, up to `ahead` bytes (at least one).
-        let mut end = index;
-        let mut len = 0;
-        while let Some(next) = self.ranges.get(end) {
-            len += next.end - next.start;
-            if end > index && len > ahead {
-                break;
-            }
-            end += 1;
-        }
-        let batch_ranges = self
-            .ranges
-            .get(index..end.max(index + 1))
-            .unwrap_or_default();
+        let end = batch_end(&self.ranges, index, ahead);
+        let batch_ranges = self.ranges.get(index..end).unwrap_or_default();
         let fetched = self.source.fetch(batch_ranges)?;
         let mut fetched = fetched.into_iter().map(Some).collect::<Vec<_>>();
         let bytes = fetched
