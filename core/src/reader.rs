@@ -286,6 +286,14 @@ impl Reader {
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a buffer of another length; as [`bytes`](Self::bytes).
     pub fn read_into(&self, name: &str, buf: &mut [u8]) -> Result<()> {
+        let range = self.target_range(name, buf)?;
+        self.source
+            .read_at(range.start, buf)
+            .map_err(|e| e.with_tensor(name))
+    }
+
+    /// The range of tensor `name`, checked to fit `buf` exactly.
+    fn target_range(&self, name: &str, buf: &[u8]) -> Result<Range<u64>> {
         let info = self.tensor(name)?;
         if buf.len() as u64 != info.byte_len() {
             return Err(Error::invalid(format!(
@@ -295,9 +303,7 @@ impl Reader {
             ))
             .with_tensor(name));
         }
-        self.source
-            .read_at(info.range.start, buf)
-            .map_err(|e| e.with_tensor(name))
+        Ok(info.range())
     }
 
     /// Reads many tensors into memory the caller owns, each buffer exactly its tensor's
@@ -310,19 +316,10 @@ impl Reader {
     /// [`ErrorKind::NotFound`] or [`ErrorKind::InvalidInput`] naming the tensor, before any
     /// read; the source's errors.
     pub fn read_many_into(&self, targets: &mut [(&str, &mut [u8])]) -> Result<()> {
-        let mut ranges = Vec::with_capacity(targets.len());
-        for (name, buf) in targets.iter() {
-            let info = self.tensor(name)?;
-            if buf.len() as u64 != info.byte_len() {
-                return Err(Error::invalid(format!(
-                    "a {}-byte buffer for a {}-byte tensor",
-                    buf.len(),
-                    info.byte_len()
-                ))
-                .with_tensor(*name));
-            }
-            ranges.push(info.range());
-        }
+        let ranges = targets
+            .iter()
+            .map(|(name, buf)| self.target_range(name, buf))
+            .collect::<Result<Vec<_>>>()?;
         let ahead = self.source.fetch_ahead();
         if ahead > 0 {
             let mut start = 0;
