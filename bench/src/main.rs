@@ -632,22 +632,13 @@ fn durable_save(b: &mut Bench<'_>) -> Result<()> {
         || save_big(local, big),
         || {
             dd_runs += 1;
-            let status = std::process::Command::new("dd")
-                .args([
-                    "if=/dev/zero",
-                    &format!("of={}", dd_file(dd_runs).display()),
-                    "bs=8M",
-                    &format!("count={count}"),
-                    "conv=fsync",
-                    "status=none",
-                ])
-                .status()
-                .map_err(io("running dd"))?;
-            if status.success() {
-                Ok(())
-            } else {
-                Err(Error::invalid("dd failed"))
-            }
+            dd(&[
+                "if=/dev/zero",
+                &format!("of={}", dd_file(dd_runs).display()),
+                "bs=8M",
+                &format!("count={count}"),
+                "conv=fsync",
+            ])
         },
     )?;
     for run in 1..=dd_runs {
@@ -779,23 +770,28 @@ fn cold_load(b: &mut Bench<'_>) -> Result<()> {
                 .map(|all| drop(black_box(all)))
         },
         || {
-            let status = std::process::Command::new("dd")
-                .args([
-                    &format!("if={}", dir.join("big.bpk").display()),
-                    "of=/dev/null",
-                    "bs=64M",
-                    "iflag=direct",
-                    "status=none",
-                ])
-                .status()
-                .map_err(io("running dd"))?;
-            if status.success() {
-                Ok(())
-            } else {
-                Err(Error::invalid("dd failed"))
-            }
+            dd(&[
+                &format!("if={}", dir.join("big.bpk").display()),
+                "of=/dev/null",
+                "bs=64M",
+                "iflag=direct",
+            ])
         },
     )
+}
+
+/// Runs `dd` with `operands` (and `status=none`), the machine's own limit for a case.
+fn dd(operands: &[&str]) -> Result<()> {
+    let status = std::process::Command::new("dd")
+        .args(operands)
+        .arg("status=none")
+        .status()
+        .map_err(io("running dd"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!("dd {} failed", operands.join(" "))))
+    }
 }
 
 /// Every tensor of the page-cached file read into buffers the caller already owns and has
