@@ -205,9 +205,20 @@ fn alignment_of(address: usize) -> usize {
 }
 
 /// Heap memory with a chosen alignment.
+///
+/// The allocation is made at the system allocator's natural alignment and over-sized by
+/// `align`, and the region starts at the first aligned address inside it. Rust's allocator
+/// zeroes an allocation aligned beyond 16 bytes with an explicit memset, on the calling thread,
+/// before anything is read into it (0.4 to 0.9 s for the 2 GiB of a cold load on the project's
+/// machine, a third of the load); at natural alignment it is `calloc`, whose large blocks are
+/// fresh zero pages faulted in later by whichever thread fills them.
 struct AlignedHeap {
-    ptr: NonNull<u8>,
-    layout: Layout,
+    /// The allocation, which `start` points into.
+    base: NonNull<u8>,
+    allocation: Layout,
+    start: NonNull<u8>,
+    len: usize,
+    align: usize,
 }
 
 // SAFETY: `AlignedHeap` exclusively owns its allocation, like a `Box<[u8]>`.
@@ -215,62 +226,91 @@ unsafe impl Send for AlignedHeap {}
 // SAFETY: shared access only reads the bytes.
 unsafe impl Sync for AlignedHeap {}
 
+/// The alignment every allocator gives (and `calloc` is used for): the platform's `max_align_t`
+/// on 64-bit targets.
+const NATURAL_ALIGN: usize = 16;
+
 impl AlignedHeap {
     fn zeroed(len: usize, align: usize) -> Result<Self> {
-        let layout = Layout::from_size_align(len, align)
-            .map_err(|_| Error::invalid(format!("alignment {align} is not a power of two")))?;
-        let ptr = if len == 0 {
+        if !align.is_power_of_two() {
+            return Err(Error::invalid(format!(
+                "alignment {align} is not a power of two"
+            )));
+        }
+        let too_large = || Error::new(ErrorKind::Io, format!("could not allocate {len} bytes"));
+        if len == 0 {
             // A dangling but aligned pointer: zero-sized regions allocate nothing.
-            NonNull::new(std::ptr::without_provenance_mut(align))
-                .ok_or_else(|| Error::invalid("alignment must not be zero"))?
-        } else {
-            // SAFETY: the layout has a non-zero size.
-            let raw = unsafe { alloc::alloc_zeroed(layout) };
-            NonNull::new(raw).ok_or_else(|| {
-                Error::new(ErrorKind::Io, format!("could not allocate {len} bytes"))
-            })?
-        };
-        Ok(Self { ptr, layout })
+            let dangling = NonNull::new(std::ptr::without_provenance_mut(align))
+                .ok_or_else(|| Error::invalid("alignment must not be zero"))?;
+            return Ok(Self {
+                base: dangling,
+                allocation: Layout::new::<()>(),
+                start: dangling,
+                len,
+                align,
+            });
+        }
+        let slack = align.saturating_sub(NATURAL_ALIGN);
+        let allocation = len
+            .checked_add(slack)
+            .and_then(|size| Layout::from_size_align(size, align.min(NATURAL_ALIGN)).ok())
+            .ok_or_else(too_large)?;
+        // SAFETY: the layout has a non-zero size.
+        let base =
+            NonNull::new(unsafe { alloc::alloc_zeroed(allocation) }).ok_or_else(too_large)?;
+        // The base is aligned to `allocation.align()`, so the first address aligned to `align`
+        // is at most `slack` bytes on.
+        let offset = base.as_ptr().align_offset(align);
+        if offset > slack {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("the allocator returned memory not aligned to {NATURAL_ALIGN}"),
+            ));
+        }
+        // SAFETY: `offset <= slack`, so `start..start + len` stays inside the allocation.
+        let start = unsafe { base.add(offset) };
+        Ok(Self {
+            base,
+            allocation,
+            start,
+            len,
+            align,
+        })
     }
 
     fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `layout.size()` initialized (zeroed) bytes, or dangling
-        // and aligned for a zero-length slice.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+        // SAFETY: `start..start + len` lies inside the zeroed allocation (see `zeroed`), or
+        // `start` is dangling and aligned for a zero-length slice.
+        unsafe { std::slice::from_raw_parts(self.start.as_ptr(), self.len) }
     }
 
     fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` guarantees exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+        unsafe { std::slice::from_raw_parts_mut(self.start.as_ptr(), self.len) }
     }
 }
 
 impl Drop for AlignedHeap {
     fn drop(&mut self) {
-        if self.layout.size() != 0 {
+        if self.len != 0 {
             // SAFETY: allocated in `zeroed` with this exact layout.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+            unsafe { alloc::dealloc(self.base.as_ptr(), self.allocation) };
         }
     }
 }
 
 impl fmt::Debug for AlignedHeap {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "AlignedHeap({} bytes, align {})",
-            self.layout.size(),
-            self.layout.align()
-        )
+        write!(f, "AlignedHeap({} bytes, align {})", self.len, self.align)
     }
 }
 
 impl AllocationController for AlignedHeap {
     fn len(&self) -> usize {
-        self.layout.size()
+        self.len
     }
     fn alignment(&self) -> usize {
-        self.layout.align()
+        self.align
     }
     fn property(&self) -> AllocationProperty {
         AllocationProperty::Native
@@ -548,13 +588,23 @@ mod tests {
 
     #[test]
     fn zeroed_memory_has_the_requested_alignment() {
-        for align in [1, 16, 256, 4096] {
-            let bytes = Bytes::zeroed(1000, align).unwrap();
-            let memory = bytes.read(AccessPolicy::ZeroCopy).unwrap();
-            assert_eq!(memory.as_ptr().addr() % align, 0);
-            assert!(bytes.alignment() >= align);
-            assert!(memory.iter().all(|&b| b == 0));
+        // Small blocks come from the allocator's heap, 4 MiB ones from fresh pages.
+        for len in [1, 1000, 4 << 20] {
+            for align in [1, 16, 64, 256, 4096] {
+                let mut bytes = Bytes::zeroed(len, align).unwrap();
+                let memory = bytes.read(AccessPolicy::ZeroCopy).unwrap();
+                assert_eq!(memory.as_ptr().addr() % align, 0);
+                assert_eq!(memory.len(), len);
+                assert!(bytes.alignment() >= align);
+                assert!(memory.iter().all(|&b| b == 0));
+                // Every byte is writable, the last included.
+                bytes.make_mut().unwrap().fill(0xAB);
+            }
         }
+        assert_eq!(
+            Bytes::zeroed(usize::MAX, 64).unwrap_err().kind(),
+            ErrorKind::Io
+        );
         assert_eq!(
             Bytes::zeroed(0, 256)
                 .unwrap()
