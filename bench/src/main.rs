@@ -3,6 +3,10 @@
 //! docs/BENCHMARKS.md lists the cases and the figures. Not part of any installed program: the
 //! peers are this crate's dependencies only.
 
+mod remote;
+mod stall;
+mod throttled;
+
 use std::hint::black_box;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -38,7 +42,7 @@ struct Args {
     csv: Option<PathBuf>,
     /// Also load from the object store with coalesced GETs of at most this many MiB (the
     /// default for remote stores), beside the storage's own setting.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 16)]
     fetch_request_mib: u64,
     /// Replace the generated table in this Markdown document (docs/BENCHMARKS.md) with this
     /// run's.
@@ -366,12 +370,13 @@ fn cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-/// The peak resident set of this process so far, in bytes (Linux).
-fn peak_rss() -> u64 {
+/// A memory figure of this process from /proc/self/status (`VmHWM:` for the peak resident
+/// set so far, `VmRSS:` for the current one), in bytes (Linux).
+fn rss(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }
@@ -386,6 +391,10 @@ fn rss_case(case: &str, size_mib: u64, dir: &Path) -> Result<()> {
             })
         })
         .collect();
+    if case == "remote-copy" {
+        println!("{}", remote::copy_rss(tensors, dir)?);
+        return Ok(());
+    }
     let writer = Writer::new(tensors);
     match case {
         "local" => writer
@@ -410,7 +419,7 @@ fn rss_case(case: &str, size_mib: u64, dir: &Path) -> Result<()> {
         }
         other => return Err(Error::invalid(format!("unknown rss case {other}"))),
     }
-    println!("{}", peak_rss());
+    println!("{}", rss("VmHWM:"));
     Ok(())
 }
 
@@ -492,6 +501,11 @@ const CASES: &[Case] = &[
         ],
         object_store_cases,
     ),
+    (
+        &["remote curve", "remote load", "remote copy", "remote rss"],
+        remote::remote_cases,
+    ),
+    (&["async"], stall::async_stall),
 ];
 
 fn run(args: &Args) -> Result<()> {

@@ -31,6 +31,7 @@
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+pub mod background;
 pub mod bytes;
 pub mod dtype;
 pub mod error;
@@ -44,6 +45,7 @@ pub mod tensor;
 pub mod weights;
 pub mod writer;
 
+pub use background::Background;
 pub use bytes::{
     AccessPolicy, AllocationController, AllocationProperty, Bytes, RetainedHostMemoryRegion,
     SharedBytes,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::background::Background;
 use crate::bytes::SharedBytes;
 use crate::dtype::Element;
 use crate::format::{Format, Layout, burnpack, safetensors, trailer};
@@ -33,8 +34,12 @@ pub struct VerifyReport {
     pub checksummed: bool,
 }
 
-/// A validated container over a [`Source`].
-#[derive(Debug)]
+/// Every tensor of a container with its bytes, owned (what
+/// [`Reader::load_all_in_background`] hands back).
+pub type Loaded = Vec<(TensorInfo, Bytes)>;
+
+/// A validated container over a [`Source`]. Cloning shares the source and copies the index.
+#[derive(Debug, Clone)]
 pub struct Reader {
     source: Arc<dyn Source>,
     /// Sorted by name.
@@ -71,6 +76,21 @@ impl Reader {
             .open(key)
             .and_then(Self::open)
             .map_err(|e| e.with_key(key))
+    }
+
+    /// [`open_key`](Self::open_key) on a thread of its own, for code that must not block:
+    /// `.await` it in async code (no runtime thread waits on the storage) or
+    /// [`wait`](Background::wait) for it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the thread cannot start; then, through the handle, as
+    /// [`open_key`](Self::open_key).
+    pub fn open_in_background<S: Storage + ?Sized + 'static>(
+        storage: Arc<S>,
+        key: impl Into<String>,
+    ) -> Result<Background<Result<Self>>> {
+        let key = key.into();
+        Background::spawn("weightbay-open", move || Self::open_key(&*storage, &key))
     }
 
     /// Opens a container held in memory.
@@ -280,6 +300,24 @@ impl Reader {
         Ok(order.into_iter().zip(bytes).collect())
     }
 
+    /// [`load_all`](Self::load_all) on a thread of its own (see
+    /// [`open_in_background`](Self::open_in_background)), each tensor's description beside its
+    /// bytes.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the thread cannot start; then, through the handle, as
+    /// [`load_all`](Self::load_all).
+    pub fn load_all_in_background(&self) -> Result<Background<Result<Loaded>>> {
+        let reader = self.clone();
+        Background::spawn("weightbay-load", move || {
+            let loaded = reader.load_all()?;
+            Ok(loaded
+                .into_iter()
+                .map(|(info, bytes)| (info.clone(), bytes))
+                .collect())
+        })
+    }
+
     /// Reads a tensor into `buf`, memory the caller owns (a pinned staging buffer, an arena),
     /// which must be exactly the tensor's length: a file source reads straight into it.
     ///
@@ -358,8 +396,8 @@ impl Reader {
     /// A writer that re-encodes this container (same tensors in data order, metadata and
     /// scalars) and streams each tensor from the source when it is written, so copying a
     /// container between storages holds at most one write window in memory, plus, from a
-    /// source that gains from reading ahead (an object store), the next
-    /// [`Source::fetch_ahead`] bytes of tensors, fetched together.
+    /// source that gains from reading ahead (an object store), [`Source::fetch_ahead`] bytes
+    /// of tensors: the batch being written and the next one, fetched meanwhile.
     pub fn to_writer(&self) -> Writer {
         let order = self.data_order();
         let ahead = Arc::new(ReadAhead::new(
@@ -528,55 +566,90 @@ fn batch_end(ranges: &[Range<u64>], start: usize, ahead: u64) -> usize {
     end
 }
 
-/// Hands out the tensors of a copy in data order, fetching them in batches of up to the
-/// source's [`fetch_ahead`](Source::fetch_ahead) bytes (one tensor at a time where it is 0),
-/// and keeping only the current batch.
+/// Hands out the tensors of a copy in data order, fetching them in batches of up to half the
+/// source's [`fetch_ahead`](Source::fetch_ahead) bytes (one tensor at a time where it is 0).
+/// While the writer works through one batch, the next is fetched on a thread of its own, so
+/// the copy takes about as long as the slower of reading and writing, not their sum, and holds
+/// at most `fetch_ahead` bytes of tensors.
 #[derive(Debug)]
 struct ReadAhead {
     source: Arc<dyn Source>,
-    ranges: Vec<Range<u64>>,
-    /// The batch fetched last: the index of its first range, and its bytes not taken yet.
-    batch: std::sync::Mutex<(usize, Vec<Option<Bytes>>)>,
+    ranges: Arc<[Range<u64>]>,
+    batches: std::sync::Mutex<Batches>,
+}
+
+#[derive(Debug, Default)]
+struct Batches {
+    /// The index of the current batch's first range, and its bytes not taken yet.
+    first: usize,
+    held: Vec<Option<Bytes>>,
+    /// The next batch, being fetched: its first index and the fetch.
+    next: Option<(usize, Background<Result<Vec<Bytes>>>)>,
 }
 
 impl ReadAhead {
     fn new(source: Arc<dyn Source>, ranges: Vec<Range<u64>>) -> Self {
         Self {
             source,
-            ranges,
-            batch: std::sync::Mutex::new((0, Vec::new())),
+            ranges: ranges.into(),
+            batches: std::sync::Mutex::default(),
         }
     }
 
-    /// The bytes of range `index`: from the current batch, or from a new batch starting there.
+    /// Starts fetching the batch that begins at range `start` on a thread of its own.
+    fn prefetch(
+        &self,
+        start: usize,
+        batch_len: u64,
+    ) -> Result<(usize, Background<Result<Vec<Bytes>>>)> {
+        let (source, ranges) = (Arc::clone(&self.source), Arc::clone(&self.ranges));
+        let end = batch_end(&ranges, start, batch_len);
+        let fetch = Background::spawn("weightbay-read-ahead", move || {
+            source.fetch(ranges.get(start..end).unwrap_or_default())
+        })?;
+        Ok((start, fetch))
+    }
+
+    /// The bytes of range `index`: from the current batch, or from the next one, which then
+    /// becomes current while the one after it is fetched.
     fn take(&self, index: usize) -> Result<Bytes> {
         let ahead = self.source.fetch_ahead();
-        let range = self.ranges.get(index).cloned().unwrap_or(0..0);
         if ahead == 0 {
+            let range = self.ranges.get(index).cloned().unwrap_or(0..0);
             return self.source.bytes(range);
         }
-        let mut batch = self
-            .batch
+        let batch_len = (ahead / 2).max(1);
+        let mut batches = self
+            .batches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (first, held) = &mut *batch;
+        let batches = &mut *batches;
         if let Some(bytes) = index
-            .checked_sub(*first)
-            .and_then(|i| held.get_mut(i))
+            .checked_sub(batches.first)
+            .and_then(|i| batches.held.get_mut(i))
             .and_then(Option::take)
         {
             return Ok(bytes);
         }
-        let end = batch_end(&self.ranges, index, ahead);
-        let batch_ranges = self.ranges.get(index..end).unwrap_or_default();
-        let fetched = self.source.fetch(batch_ranges)?;
+        // Drops the current batch first, so only the next one is held while it is awaited.
+        batches.held.clear();
+        let next = match batches.next.take() {
+            Some((first, fetch)) if first == index => fetch,
+            // Out of order (a writer never asks so): start over from here.
+            _ => self.prefetch(index, batch_len)?.1,
+        };
+        let fetched = next.wait()?;
+        let end = index + fetched.len();
+        if end < self.ranges.len() {
+            batches.next = Some(self.prefetch(end, batch_len)?);
+        }
         let mut fetched = fetched.into_iter().map(Some).collect::<Vec<_>>();
         let bytes = fetched
             .first_mut()
             .and_then(Option::take)
             .ok_or_else(|| Error::new(ErrorKind::Io, "a batched read returned nothing"))?;
-        *first = index;
-        *held = fetched;
+        batches.first = index;
+        batches.held = fetched;
         Ok(bytes)
     }
 }

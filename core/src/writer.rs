@@ -6,6 +6,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::background::Background;
 use crate::dtype::ByteLen;
 use crate::format::{Contents, Format, Limits, Plan, burnpack, safetensors, trailer};
 use crate::storage::{CreateOptions, Durability, Sink, Storage, WriteMode};
@@ -254,6 +255,22 @@ impl Writer {
         sink.commit()
             .map_err(|e| e.with_operation("commit").with_key(key))?;
         Ok(summary)
+    }
+
+    /// [`write_to`](Self::write_to) on a thread of its own, for code that must not block: a
+    /// training loop goes on stepping and [`wait`](Background::wait)s later; async code
+    /// `.await`s it and no runtime thread waits on the storage.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the thread cannot start; then, through the handle, as
+    /// [`write_to`](Self::write_to).
+    pub fn write_in_background<S: Storage + ?Sized + 'static>(
+        self,
+        storage: Arc<S>,
+        key: impl Into<String>,
+    ) -> Result<Background<Result<WriteSummary>>> {
+        let key = key.into();
+        Background::spawn("weightbay-write", move || self.write_to(&*storage, &key))
     }
 
     /// Streams the container into an already opened sink, without committing it. Returns the

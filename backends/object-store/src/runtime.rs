@@ -11,8 +11,8 @@ use weightbay::{Error, ErrorKind, Result};
 /// `block_on` on the caller's thread, so calling from plain code, from a runtime worker, or
 /// from a current-thread runtime never panics. Blocking a runtime worker this way stalls that
 /// worker, and a bridge borrowed from a current-thread runtime cannot be called from that
-/// runtime's own thread (it answers `Unsupported`): async callers should use
-/// `spawn_blocking`, as the crate docs show.
+/// runtime's own thread (it answers `Unsupported`): async callers save and load with the
+/// `_in_background` calls ([`weightbay::Background`]), as the crate docs show.
 #[derive(Debug, Clone)]
 pub struct Bridge {
     handle: tokio::runtime::Handle,
@@ -72,7 +72,7 @@ impl Bridge {
             && self.handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
         {
             return Err(Error::unsupported(
-                "called on the thread of the current-thread runtime it runs on; use spawn_blocking",
+                "called on the thread of the current-thread runtime it runs on; use the _in_background calls",
             ));
         }
         let (sender, receiver) = std::sync::mpsc::sync_channel(1);

@@ -4,6 +4,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
@@ -180,87 +181,148 @@ impl ObjectSource {
 
     /// Fetches `ranges` now and returns them resident, in the order given. Ranges closer than
     /// 1 MiB are coalesced into requests of up to
-    /// [`fetch_request_len`](ObjectStoreOptions::fetch_request_len) bytes, which run in
-    /// parallel within [`fetch_budget`](ObjectStoreOptions::fetch_budget) bytes in flight (at
-    /// least one request at a time); every request is pinned to the opened version.
+    /// [`fetch_request_len`](ObjectStoreOptions::fetch_request_len) bytes, and a longer range
+    /// is fetched in pieces of that length, which run in parallel within
+    /// [`fetch_budget`](ObjectStoreOptions::fetch_budget) bytes in flight (at least one
+    /// request at a time); every request is pinned to the opened version.
     ///
     /// # Errors
     /// [`ErrorKind::OutOfRange`] for a range past the end; the store's error.
     pub fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        let request_len = self.0.fetch_request_len.unwrap_or(u64::MAX);
         for range in ranges {
             check_range(range, self.0.len)?;
         }
-        let mut order: Vec<usize> = (0..ranges.len()).collect();
-        order.sort_by_key(|&i| ranges[i].start);
-        let mut groups: Vec<(Range<u64>, Vec<usize>)> = Vec::new();
-        for i in order {
-            let range = &ranges[i];
-            if range.start == range.end {
-                // Nothing to fetch (a zero-element tensor); a zero-length GET is refused.
-                continue;
-            }
-            match groups.last_mut() {
-                Some((group, members))
-                    if range.start <= group.end + COALESCE_GAP
-                        && range.end.max(group.end) - group.start <= request_len =>
-                {
-                    group.end = group.end.max(range.end);
-                    members.push(i);
-                }
-                _ => groups.push((range.clone(), vec![i])),
+        let request_len = self.0.fetch_request_len.unwrap_or(u64::MAX).max(1);
+        let runs = coalesce(ranges, request_len);
+        // Each run gets one buffer, cut into one piece per request: responses stream straight
+        // into place, one copy from the network, and the pieces join again without a copy.
+        let mut requests: Vec<(Range<u64>, BytesMut)> = Vec::new();
+        for (run, _) in &runs {
+            let mut buffer = BytesMut::zeroed(to_usize(run.end - run.start)?);
+            for start in (run.start..run.end).step_by(to_usize(request_len)?) {
+                let end = start.saturating_add(request_len).min(run.end);
+                requests.push((start..end, buffer.split_to(to_usize(end - start)?)));
             }
         }
-        let largest = groups
+        let largest = requests
             .iter()
-            .map(|(range, _)| range.end - range.start)
-            .max();
-        let parallel = (self.0.fetch_budget as u64 / largest.unwrap_or(1).max(1))
-            .clamp(1, MAX_REQUESTS_IN_FLIGHT) as usize;
+            .map(|(r, _)| r.end - r.start)
+            .max()
+            .unwrap_or(1);
+        let parallel =
+            (self.0.fetch_budget as u64 / largest.max(1)).clamp(1, MAX_REQUESTS_IN_FLIGHT) as usize;
         let remote = Arc::clone(&self.0);
-        let requests: Vec<(Range<u64>, GetOptions)> = groups
-            .iter()
-            .map(|(range, _)| (range.clone(), remote.pinned(range.clone())))
+        let pinned: Vec<(usize, Range<u64>, GetOptions, BytesMut)> = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, (range, piece))| (i, range.clone(), remote.pinned(range), piece))
             .collect();
         let store = Arc::clone(&remote.store);
         let path = remote.path.clone();
         let fetched = remote.bridge.run(async move {
-            futures::stream::iter(requests)
-                .map(|(range, options)| {
+            futures::stream::iter(pinned)
+                .map(|(i, range, options, piece)| {
                     let (store, path) = (Arc::clone(&store), path.clone());
                     async move {
-                        let bytes = match store.get_opts(&path, options).await {
-                            Ok(result) => result.bytes().await,
-                            Err(e) => Err(e),
-                        };
-                        (range.start, bytes)
+                        let filled = fill(store.as_ref(), &path, options, piece).await;
+                        (i, range, filled)
                     }
                 })
-                .buffered(parallel)
+                // Unordered, so a slow request holds one slot, not every slot behind it.
+                .buffer_unordered(parallel)
                 .collect::<Vec<_>>()
                 .await
         })?;
-        let mut out = vec![Bytes::from(Vec::new()); ranges.len()];
-        for ((group, members), (start, bytes)) in groups.iter().zip(fetched) {
-            let bytes = bytes.map_err(|e| remote.read_error(start, e))?;
-            if bytes.len() as u64 != group.end - group.start {
-                return Err(
-                    Error::new(ErrorKind::Io, "the store returned a short range")
-                        .with_key(&remote.key)
-                        .with_offset(start),
-                );
+        let mut fetched = fetched;
+        fetched.sort_unstable_by_key(|(i, _, _)| *i);
+        let mut pieces = Vec::with_capacity(fetched.len());
+        for (_, range, filled) in fetched {
+            let (piece, received) = filled.map_err(|e| remote.read_error(range.start, e))?;
+            if received != piece.len() {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "the store returned {received} bytes for a {}-byte range",
+                        piece.len()
+                    ),
+                )
+                .with_key(&remote.key)
+                .with_offset(range.start));
             }
-            for &i in members {
+            pieces.push(piece);
+        }
+        // The pieces are in request order, which is run order.
+        let mut pieces = pieces.into_iter();
+        let mut out = vec![Bytes::from(Vec::new()); ranges.len()];
+        for (run, members) in runs {
+            let mut joined = BytesMut::new();
+            for _ in 0..(run.end - run.start).div_ceil(request_len) {
+                // Adjacent pieces of one buffer: unsplit only moves the end.
+                joined.unsplit(pieces.next().unwrap_or_default());
+            }
+            let joined = joined.freeze();
+            for i in members {
                 let range = &ranges[i];
-                // Within the group, which is in memory.
-                let slice = bytes.slice(
-                    (range.start - group.start) as usize..(range.end - group.start) as usize,
-                );
+                let slice = joined
+                    .slice((range.start - run.start) as usize..(range.end - run.start) as usize);
                 out[i] = Bytes::from_shared(slice, AllocationProperty::Shared);
             }
         }
         Ok(out)
     }
+}
+
+/// `len` as a buffer length.
+fn to_usize(len: u64) -> Result<usize> {
+    usize::try_from(len)
+        .map_err(|_| Error::new(ErrorKind::OutOfRange, "a range does not fit in memory"))
+}
+
+/// GETs a range into `piece`, which has its length; returns the piece and how many bytes the
+/// store sent (more than fit are counted, not written).
+async fn fill(
+    store: &dyn ObjectStore,
+    path: &Path,
+    options: GetOptions,
+    mut piece: BytesMut,
+) -> object_store::Result<(BytesMut, usize)> {
+    let mut body = store.get_opts(path, options).await?.into_stream();
+    let mut received = 0;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        if let Some(target) = piece.get_mut(received..received + chunk.len()) {
+            target.copy_from_slice(&chunk);
+        }
+        received += chunk.len();
+    }
+    Ok((piece, received))
+}
+
+/// The runs to fetch: ranges sorted by start and merged when closer than [`COALESCE_GAP`] and
+/// the merged run stays within `request_len`, each with the indices of the ranges inside it.
+/// So only a single range can make a run longer than one request. Empty ranges (zero-element
+/// tensors) need no request and are left out; their output stays empty.
+fn coalesce(ranges: &[Range<u64>], request_len: u64) -> Vec<(Range<u64>, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..ranges.len()).collect();
+    order.sort_by_key(|&i| ranges[i].start);
+    let mut runs: Vec<(Range<u64>, Vec<usize>)> = Vec::new();
+    for i in order {
+        let range = &ranges[i];
+        if range.start == range.end {
+            continue;
+        }
+        match runs.last_mut() {
+            Some((run, members))
+                if range.start <= run.end + COALESCE_GAP
+                    && range.end.max(run.end) - run.start <= request_len =>
+            {
+                run.end = run.end.max(range.end);
+                members.push(i);
+            }
+            _ => runs.push((range.clone(), vec![i])),
+        }
+    }
+    runs
 }
 
 impl Source for ObjectSource {

@@ -103,6 +103,28 @@ fn fetch_splits_long_runs_at_the_request_length() {
 }
 
 #[test]
+fn fetch_cuts_a_tensor_longer_than_a_request_into_pieces() {
+    let (store, storage) = counting();
+    let storage = storage.with_options(SMALL_PARTS.with_fetch_request_len(Some(2000)));
+    let (.., gets) = fetch_ten_tensors(&store, &storage);
+    assert_eq!(
+        gets, 30,
+        "each 5000-byte tensor in three requests of at most 2000 bytes"
+    );
+    // Pieces join back in order, also when the ranges are asked for out of order and one
+    // starts inside a piece.
+    let source = storage.open_object("m.bpk").unwrap();
+    let len = weightbay::Source::len(&source);
+    let ranges = [len - 4999..len - 1, 17..4017, 0..0, 3..9000];
+    let fetched = source.fetch(&ranges).unwrap();
+    for (range, bytes) in ranges.iter().zip(&fetched) {
+        let mut expected = vec![0; (range.end - range.start) as usize];
+        weightbay::Source::read_at(&source, range.start, &mut expected).unwrap();
+        assert_eq!(bytes.to_vec().unwrap(), expected, "{range:?}");
+    }
+}
+
+#[test]
 fn empty_ranges_fetch_as_empty_bytes() {
     let (_, storage) = counting();
     Writer::new(vec![

@@ -1,0 +1,181 @@
+//! Loads from a store that behaves like a cloud store ([`Throttled`]: 20 ms to first byte,
+//! 100 MiB/s per connection), to choose the object-store backend's default request size and
+//! parallelism and to show how close a load and a copy come to what the connections carry.
+//!
+//! The limit each row is set against is computed, not run: the bytes over (connections ×
+//! 100 MiB/s), where the connections are the most requests the run had open at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+use weightbay::{Reader, Result, Writer};
+use weightbay_local::LocalStorage;
+use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
+
+use crate::throttled::Throttled;
+use crate::{Bench, Row, median, print_runs, timed};
+
+/// A cloud store's shape: time to first byte.
+pub const LATENCY: Duration = Duration::from_millis(20);
+/// A cloud store's shape: what one connection carries.
+pub const CONNECTION_BYTES_PER_SECOND: f64 = 100.0 * (1 << 20) as f64;
+/// How much of the checkpoint each point of the curve loads.
+const CURVE_BYTES: u64 = 512 << 20;
+
+/// How long `bytes` take over `connections` capped connections, latency aside.
+fn limit(bytes: u64, connections: u64) -> Duration {
+    Duration::from_secs_f64(bytes as f64 / (connections as f64 * CONNECTION_BYTES_PER_SECOND))
+}
+
+/// A storage that reads `inner` through the throttle, and the throttle.
+fn throttled_storage(
+    inner: &Arc<dyn ObjectStore>,
+    options: ObjectStoreOptions,
+) -> Result<(ObjectStorage, Arc<Throttled>)> {
+    let throttled = Arc::new(Throttled::new(
+        Arc::clone(inner),
+        LATENCY,
+        CONNECTION_BYTES_PER_SECOND,
+    ));
+    let storage =
+        ObjectStorage::new(Arc::clone(&throttled) as Arc<dyn ObjectStore>)?.with_options(options);
+    Ok((storage, throttled))
+}
+
+/// The object the cases read: the big checkpoint, written once through the backend.
+pub fn store_with(tensors: Vec<weightbay::Tensor>) -> Result<Arc<dyn ObjectStore>> {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    Writer::new(tensors).write_to(&ObjectStorage::new(Arc::clone(&inner))?, "big.bpk")?;
+    Ok(inner)
+}
+
+/// Times `f` over the bench's runs through `storage`, and records it against what the
+/// connections it opened at once could carry.
+fn against_limit(
+    b: &mut Bench<'_>,
+    case: String,
+    bytes: u64,
+    throttled: &Throttled,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let (mut times, mut limits) = (Vec::new(), Vec::new());
+    let mut most = 0;
+    for _ in 0..b.table.runs {
+        throttled.take_most_connections();
+        times.push(timed(&mut f)?);
+        let connections = throttled.take_most_connections().max(1);
+        most = most.max(connections);
+        limits.push(limit(bytes, connections));
+    }
+    print_runs(&times, &limits);
+    b.table.push(Row {
+        case,
+        ours: median(times),
+        peer: Some((
+            format!(
+                "{most} × {:.0} MiB/s connections",
+                CONNECTION_BYTES_PER_SECOND / f64::from(1 << 20)
+            ),
+            median(limits),
+        )),
+        bytes,
+    });
+    Ok(())
+}
+
+pub fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
+    let inner = store_with(b.big.ours())?;
+    if b.args.wants("remote curve") {
+        let (storage, _) = throttled_storage(&inner, ObjectStoreOptions::DEFAULT)?;
+        let reader = Reader::open_key(&storage, "big.bpk")?;
+        let mut in_data_order: Vec<_> = reader.tensors().iter().collect();
+        in_data_order.sort_by_key(|info| info.range().start);
+        let (mut names, mut bytes) = (Vec::new(), 0);
+        for info in in_data_order {
+            if bytes >= CURVE_BYTES {
+                break;
+            }
+            names.push(info.name().to_owned());
+            bytes += info.byte_len();
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        for request_mib in [8u64, 16, 32, 64] {
+            for in_flight in [1u64, 4, 16] {
+                let options = ObjectStoreOptions::DEFAULT
+                    .with_fetch_request_len(Some(request_mib << 20))
+                    .with_fetch_budget((request_mib * in_flight) as usize * (1 << 20));
+                let (storage, throttled) = throttled_storage(&inner, options)?;
+                let reader = Reader::open_key(&storage, "big.bpk")?;
+                against_limit(
+                    b,
+                    format!("remote curve: {request_mib} MiB requests, budget {in_flight}×"),
+                    bytes,
+                    &throttled,
+                    || reader.load(&names).map(drop),
+                )?;
+            }
+        }
+    }
+    if b.args.wants("remote rss") {
+        let rss = crate::rss_of("remote-copy", b.args.size_mib, &b.dir)?;
+        let options = ObjectStoreOptions::DEFAULT;
+        println!(
+            "  peak RSS a remote copy of {} MiB of 16 MiB tensors adds: {} MiB (bound: fetch budget {} MiB + largest tensor 16 MiB)",
+            b.args.size_mib,
+            rss >> 20,
+            options.fetch_budget >> 20
+        );
+    }
+    let options = ObjectStoreOptions::DEFAULT;
+    let (storage, throttled) = throttled_storage(&inner, options)?;
+    let bytes = b.big.bytes();
+    let setting = format!(
+        "{} MiB requests, {} MiB budget",
+        options.fetch_request_len.unwrap_or(0) >> 20,
+        options.fetch_budget >> 20
+    );
+    if b.args.wants("remote load") {
+        let reader = Reader::open_key(&storage, "big.bpk")?;
+        against_limit(
+            b,
+            format!("remote load: Reader::load_all, defaults ({setting})"),
+            bytes,
+            &throttled,
+            || reader.load_all().map(drop),
+        )?;
+    }
+    if b.args.wants("remote copy") {
+        let local = LocalStorage::new(&b.dir);
+        against_limit(
+            b,
+            format!("remote copy to a local file, as weightbay cp ({setting})"),
+            bytes,
+            &throttled,
+            || {
+                Reader::open_key(&storage, "big.bpk")?
+                    .to_writer()
+                    .write_to(&local, "copied.bpk")
+                    .map(drop)
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// In a fresh process (`--rss-case remote-copy`): the copy above, from a store filled first,
+/// printing the peak RSS the copy added above the filled store.
+pub fn copy_rss(tensors: Vec<weightbay::Tensor>, dir: &std::path::Path) -> Result<u64> {
+    let inner = store_with(tensors)?;
+    let (storage, _) = throttled_storage(&inner, ObjectStoreOptions::DEFAULT)?;
+    // Resets the peak to the current resident set (Linux), so the peak read after the copy is
+    // the copy's own.
+    std::fs::write("/proc/self/clear_refs", "5")
+        .map_err(|e| weightbay::Error::io("resetting the peak RSS", e))?;
+    let before = crate::rss("VmRSS:");
+    Reader::open_key(&storage, "big.bpk")?
+        .to_writer()
+        .write_to(&LocalStorage::new(dir), "copied.bpk")?;
+    Ok(crate::rss("VmHWM:").saturating_sub(before))
+}
