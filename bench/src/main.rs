@@ -40,10 +40,6 @@ struct Args {
     /// Also write the rows as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
-    /// Also load from the object store with coalesced GETs of at most this many MiB (the
-    /// default for remote stores), beside the storage's own setting.
-    #[arg(long, default_value_t = 16)]
-    fetch_request_mib: u64,
     /// Replace the generated table in this Markdown document (docs/BENCHMARKS.md) with this
     /// run's.
     #[arg(long)]
@@ -1025,38 +1021,26 @@ fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
             .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
     };
     if wanted("object store load") {
-        let configured = load_storage.options().fetch_request_len;
-        let forced = Some(args.fetch_request_mib << 20);
-        let describe = |request_len: Option<u64>| {
-            request_len.map_or("one request per run".to_owned(), |len| {
+        // Stores on this machine load with one request per run of adjacent tensors; request
+        // sizes for remote stores are the remote cases' business.
+        let setting = load_storage
+            .options()
+            .fetch_request_len
+            .map_or("one request per run".to_owned(), |len| {
                 format!("{} MiB requests", len >> 20)
-            })
-        };
-        let mut settings = vec![(configured, format!("{}, default", describe(configured)))];
-        if forced != configured {
-            settings.push((forced, describe(forced)));
-        }
-        for (fetch_request_len, setting) in settings {
-            let storage = load_storage.clone().with_options(
-                load_storage
-                    .options()
-                    .with_fetch_request_len(fetch_request_len),
-            );
-            // Opening (one GET for header and metadata) is left out of both sides' timing.
-            // Ours goes through the public API: a Reader over `dyn Source`, `load_all`.
-            let reader = Reader::open_key(&storage, "ours.bpk")?;
-            let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
-            table.compare(
-                Start::Cached,
-                &format!(
-                    "object store load every tensor via Reader::load_all ({label}, {setting})"
-                ),
-                big.bytes(),
-                "raw object_store get_ranges",
-                || reader.load_all().map(|b| drop(black_box(b))),
-                || raw_get_ranges(&ranges),
-            )?;
-        }
+            });
+        // Opening (one GET for header and metadata) is left out of both sides' timing. Ours
+        // goes through the public API: a Reader over `dyn Source`, `load_all`.
+        let reader = Reader::open_key(&load_storage, "ours.bpk")?;
+        let ranges: Vec<_> = reader.tensors().iter().map(|t| t.range()).collect();
+        table.compare(
+            Start::Cached,
+            &format!("object store load every tensor via Reader::load_all ({label}, {setting})"),
+            big.bytes(),
+            "raw object_store get_ranges",
+            || reader.load_all().map(|b| drop(black_box(b))),
+            || raw_get_ranges(&ranges),
+        )?;
     }
     if wanted("object store copy") {
         // What `weightbay cp s3://…/ours.bpk local.bpk` does: a Reader's to_writer (which reads

@@ -6,6 +6,8 @@ use std::sync::{Arc, Barrier};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use weightbay::checkpoints::{Checkpoints, Retention, SaveOptions};
+use weightbay::format::Format;
 use weightbay::fs::FileSystem;
 use weightbay::sharded::ShardedWriter;
 use weightbay::weights::ShardedWeights;
@@ -122,7 +124,15 @@ fn assert_holds_one_of(
     key: &str,
     allowed: &[Option<&[u8]>],
 ) {
-    match stored(storage, key) {
+    let held = stored(storage, key);
+    assert_listing_agrees(
+        case,
+        context,
+        storage,
+        key,
+        held.as_ref().ok().map(Vec::len),
+    );
+    match held {
         Ok(bytes) => {
             if !allowed.iter().flatten().any(|a| *a == bytes.as_slice()) {
                 fail!(
@@ -146,6 +156,48 @@ fn assert_holds_one_of(
             }
         }
         Err(e) => fail!(case, "{context}: reading `{key}` failed: {e}"),
+    }
+}
+
+/// Where the backend lists: `key` is listed exactly when it holds a container (of `held`
+/// bytes), and everything listed opens with the listed length: a scratch file, staged upload
+/// or half-written container never shows.
+fn assert_listing_agrees(
+    case: &str,
+    context: &str,
+    storage: &dyn Storage,
+    key: &str,
+    held: Option<usize>,
+) {
+    if !storage.capabilities().listing {
+        return;
+    }
+    let listed = storage
+        .list("")
+        .unwrap_or_else(|e| fail!(case, "{context}: list failed: {e}"));
+    let listed_len = listed.iter().find(|l| l.key == key).map(|l| l.len);
+    if listed_len != held.map(|len| len as u64) {
+        fail!(
+            case,
+            "{context}: `{key}` holds {held:?} bytes but the listing says {listed_len:?}: {listed:?}"
+        );
+    }
+    for entry in &listed {
+        match storage.open(&entry.key) {
+            Ok(source) if source.len() == entry.len => {}
+            Ok(source) => fail!(
+                case,
+                "{context}: `{}` is listed with {} bytes but opens with {}",
+                entry.key,
+                entry.len,
+                source.len()
+            ),
+            Err(e) => fail!(
+                case,
+                "{context}: `{}` is listed but does not open: {e}",
+                entry.key
+            ),
+        }
     }
 }
 
@@ -601,6 +653,17 @@ pub fn undeclared_capabilities_are_unsupported<H: Harness>(harness: &H) -> Outco
             case,
             "pending listing is not declared but pending() answered"
         ),
+    }
+    match (capabilities.listing, storage.list("")) {
+        (true, Ok(_)) => {}
+        (false, Err(e)) if e.kind() == ErrorKind::Unsupported => {}
+        (true, Err(e)) => fail!(case, "listing is declared but failed: {e}"),
+        (false, Err(e)) => fail!(
+            case,
+            "listing is not declared: expected Unsupported, got {:?}: {e}",
+            e.kind()
+        ),
+        (false, Ok(_)) => fail!(case, "listing is not declared but list() answered"),
     }
     Outcome::Checked
 }
@@ -1413,6 +1476,173 @@ pub fn peak_memory_is_bounded<H: Harness>(harness: &H, allocator: &CountingAlloc
             case,
             "writing {total} bytes peaked at {peak} live heap bytes, over the bound of {bound}"
         );
+    }
+    Outcome::Checked
+}
+
+/// The checkpoint lifecycle (`weightbay::checkpoints`) on the backend: saves in both formats,
+/// one sharded, are listed, the newest is `latest`, and each verifies against its commit
+/// record; a save failing at each storage operation in turn never becomes a checkpoint and
+/// leaves nothing that `gc` does not remove once a later save completes; retention keeps what
+/// it says, deleting all of the rest; of two savers racing for one step (where create-new is
+/// declared) exactly one commits and the other leaves nothing.
+pub fn checkpoint_lifecycle<H: Harness>(harness: &H) -> Outcome {
+    let case = "checkpoint_lifecycle";
+    let storage = harness.fresh();
+    if !storage.capabilities().listing {
+        return Outcome::NotApplicable("the backend does not list its containers".into());
+    }
+    let shared: Arc<dyn Storage> = Arc::new(harness.reopen(&storage));
+    let checkpoints = Checkpoints::over(Arc::clone(&shared), "ckpt");
+    let container = |step: u64, format: Format| {
+        let spec = sample(&[300 + step as usize, 7000, 40], step as u8);
+        let tensors = spec
+            .tensors
+            .iter()
+            .map(|t| Tensor::new(&t.name, t.dtype.clone(), t.shape.clone(), t.data.clone()))
+            .collect();
+        Writer::new(tensors).with_format(format)
+    };
+    let saves = [
+        (1, Format::Burnpack, SaveOptions::default()),
+        (2, Format::Safetensors, SaveOptions::sharded(4000)),
+        (3, Format::Burnpack, SaveOptions::sharded(4000)),
+    ];
+    for (step, format, options) in saves {
+        checkpoints
+            .save_with(step, container(step, format), options)
+            .unwrap_or_else(|e| fail!(case, "saving step {step}: {e}"));
+    }
+    let steps = |context: &str| {
+        checkpoints
+            .steps()
+            .unwrap_or_else(|e| fail!(case, "{context}: listing the checkpoints: {e}"))
+    };
+    if steps("after three saves") != [1, 2, 3] {
+        fail!(case, "three saves list as {:?}", steps("again"));
+    }
+    for step in [1, 2, 3] {
+        let checkpoint = checkpoints
+            .open(step)
+            .unwrap_or_else(|e| fail!(case, "opening step {step}: {e}"));
+        if let Err(e) = checkpoint.verify() {
+            fail!(case, "step {step} does not verify: {e}");
+        }
+    }
+    match checkpoints.latest() {
+        Ok(Some(latest)) if latest.step() == 3 => {}
+        other => fail!(
+            case,
+            "latest is not step 3: {:?}",
+            other.map(|c| c.map(|c| c.step()))
+        ),
+    }
+
+    // A save of step 4 failing at each storage operation in turn.
+    for fail_at in 1.. {
+        let faulty: Arc<dyn Storage> =
+            Arc::new(Faulty::failing_at(harness.reopen(&storage), fail_at));
+        let result = Checkpoints::over(faulty, "ckpt").save(4, container(4, Format::Burnpack));
+        let context = format!("a save failing at operation {fail_at}");
+        match result {
+            Ok(_) => break,
+            Err(e) if !crate::is_injected(&e) => {
+                fail!(case, "{context} failed with its own error: {e}")
+            }
+            Err(_) => {}
+        }
+        if steps(&context) != [1, 2, 3] {
+            fail!(case, "{context}: the checkpoints are {:?}", steps(&context));
+        }
+    }
+    if steps("after the save of step 4 succeeded") != [1, 2, 3, 4] {
+        fail!(
+            case,
+            "after step 4 saved, the checkpoints are {:?}",
+            steps("again")
+        );
+    }
+    if let Err(e) = checkpoints.gc() {
+        fail!(case, "gc: {e}");
+    }
+    // Every key left is a commit record or a container one names.
+    let statuses = checkpoints
+        .list()
+        .unwrap_or_else(|e| fail!(case, "listing: {e}"));
+    let named: std::collections::BTreeSet<String> = statuses
+        .iter()
+        .filter_map(|s| s.record.as_ref())
+        .flat_map(|r| {
+            let dir = checkpoints.step_dir(r.step);
+            r.containers
+                .iter()
+                .map(move |c| format!("{dir}/{}", c.key))
+                .chain(std::iter::once(format!(
+                    "{}/commit.json",
+                    checkpoints.step_dir(r.step)
+                )))
+        })
+        .collect();
+    let listed = shared
+        .list("ckpt")
+        .unwrap_or_else(|e| fail!(case, "listing ckpt: {e}"));
+    if let Some(stray) = listed.iter().find(|l| !named.contains(&l.key)) {
+        fail!(
+            case,
+            "after gc, `{}` is left that no commit record names",
+            stray.key
+        );
+    }
+
+    match checkpoints.retain(&Retention::keep_last(2)) {
+        Ok(deleted) if deleted == [1, 2] => {}
+        other => fail!(
+            case,
+            "retention of the last 2 deleted {other:?}, not steps 1 and 2"
+        ),
+    }
+    let left = shared
+        .list("ckpt")
+        .unwrap_or_else(|e| fail!(case, "listing ckpt: {e}"));
+    if let Some(stale) = left
+        .iter()
+        .find(|l| l.key.starts_with("ckpt/step-1/") || l.key.starts_with("ckpt/step-2/"))
+    {
+        fail!(case, "retention left `{}` behind", stale.key);
+    }
+
+    if storage.capabilities().atomic_create_new {
+        let racers: Vec<_> = (0..2u8)
+            .map(|i| {
+                let checkpoints = Checkpoints::over(Arc::clone(&shared), "ckpt");
+                let writer = container(5 + u64::from(i), Format::Burnpack);
+                std::thread::spawn(move || checkpoints.save(5, writer))
+            })
+            .collect();
+        let results: Vec<_> = racers
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| fail!(case, "a racing saver panicked"))
+            })
+            .collect();
+        let won = results.iter().filter(|r| r.is_ok()).count();
+        let lost_cleanly = results
+            .iter()
+            .filter(|r| matches!(r, Err(e) if e.kind() == ErrorKind::AlreadyExists))
+            .count();
+        if (won, lost_cleanly) != (1, 1) {
+            fail!(case, "two savers racing for step 5: {results:?}");
+        }
+        let stored = shared
+            .list("ckpt/step-5")
+            .unwrap_or_else(|e| fail!(case, "listing step 5: {e}"));
+        let record = checkpoints
+            .open(5)
+            .unwrap_or_else(|e| fail!(case, "opening step 5: {e}"));
+        if stored.len() != record.record().containers.len() + 1 {
+            fail!(case, "the losing saver left files behind: {stored:?}");
+        }
     }
     Outcome::Checked
 }

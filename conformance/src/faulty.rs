@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use weightbay::fs::{FileHandle, FileSystem};
 use weightbay::{
-    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Result, Sink, Source, Storage,
+    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage,
 };
 
 /// Counts operations and fails the one numbered `fail_at` (1-based) with
@@ -257,6 +257,10 @@ impl<S: Storage> Storage for Faulty<S> {
 
     fn clean_pending(&self) -> Result<Vec<String>> {
         self.inner.clean_pending()
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.plan.storage_op("list", || self.inner.list(prefix))
     }
 }
 

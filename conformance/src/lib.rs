@@ -198,7 +198,7 @@ impl Suite {
     /// Adds every case for `harness`, named `name::case` (or `case` when `name` is empty).
     #[must_use]
     pub fn backend<H: Harness>(mut self, name: &str, harness: H) -> Self {
-        let cases: [(&'static str, CaseFn<H>); 18] = [
+        let cases: [(&'static str, CaseFn<H>); 19] = [
             ("roundtrip_matches_writer", |h, _| {
                 cases::roundtrip_matches_writer(h)
             }),
@@ -253,6 +253,9 @@ impl Suite {
             }),
             ("sharded_checkpoint_is_all_or_nothing", |h, _| {
                 cases::sharded_checkpoint_is_all_or_nothing(h)
+            }),
+            ("checkpoint_lifecycle", |h, _| {
+                cases::checkpoint_lifecycle(h)
             }),
         ];
         let harness = Arc::new(harness);

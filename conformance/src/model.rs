@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
+use weightbay::storage::is_under;
+use weightbay::{CreateOptions, ErrorKind, Listed, Storage, WriteMode};
 
 use crate::Faulty;
 use crate::strategies::sample;
@@ -61,6 +62,10 @@ pub enum Op {
 pub struct Model {
     held: BTreeMap<usize, u8>,
 }
+
+/// The prefixes the listing is checked under: the whole storage, a directory and a nested
+/// one, and a string prefix of a key that is no directory (which lists nothing).
+pub const LIST_PREFIXES: [&str; 4] = ["", "dir", "dir/sub", "di"];
 
 /// The bytes of container `version`.
 pub fn version_bytes(version: u8) -> Vec<u8> {
@@ -191,7 +196,38 @@ impl Model {
         Ok(())
     }
 
-    /// Compares every key of `storage` with the model, and checks nothing is pending.
+    /// Compares [`Storage::list`] under each of [`LIST_PREFIXES`] with the model's keys and
+    /// lengths.
+    ///
+    /// # Errors
+    /// A description of the first difference.
+    pub fn check_listing<S: Storage>(&self, storage: &S) -> Result<(), String> {
+        for prefix in LIST_PREFIXES {
+            let listed = storage
+                .list(prefix)
+                .map_err(|e| format!("list({prefix:?}): {e}"))?;
+            let expected: Vec<Listed> = self
+                .held
+                .iter()
+                .map(|(&index, &version)| Listed {
+                    key: KEYS[index].to_owned(),
+                    len: version_bytes(version).len() as u64,
+                })
+                .filter(|listed| is_under(&listed.key, prefix))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            if listed != expected {
+                return Err(format!(
+                    "list({prefix:?}) returned {listed:?}, but the committed containers are {expected:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares every key of `storage` with the model (and its listing, where declared), and
+    /// checks nothing is pending.
     ///
     /// # Errors
     /// A description of the first difference.
@@ -212,6 +248,9 @@ impl Model {
                     ));
                 }
             }
+        }
+        if storage.capabilities().listing {
+            self.check_listing(storage)?;
         }
         if storage.capabilities().pending_listing {
             let pending = storage.pending().map_err(|e| format!("pending: {e}"))?;

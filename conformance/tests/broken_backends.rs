@@ -112,6 +112,13 @@ fn failing_pending_with_io_fails_the_capabilities_case() {
 }
 
 #[test]
+fn listing_by_string_prefix_fails_the_model_case() {
+    let message =
+        failure_of(|| cases::model_based_operations(&broken(Defect::ListsByStringPrefix)));
+    assert!(message.contains("list(\"di\") returned"), "{message}");
+}
+
+#[test]
 fn refusing_unknown_content_fails_the_corrupt_case() {
     let message = failure_of(|| {
         cases::corrupt_containers_fail_cleanly(&broken(Defect::RefusesUnknownContent))

@@ -33,6 +33,7 @@ pub struct ReadmeDoctests;
 
 pub mod background;
 pub mod bytes;
+pub mod checkpoints;
 pub mod dtype;
 pub mod error;
 pub mod format;
@@ -56,7 +57,7 @@ pub use format::Format;
 pub use memory::{MemorySource, MemoryStorage};
 pub use reader::{ReadOptions, Reader, TensorInfo, Validation, VerifyReport};
 pub use storage::{
-    Capabilities, CreateOptions, Durability, LazyRegion, Sink, Source, Storage, WriteMode,
+    Capabilities, CreateOptions, Durability, LazyRegion, Listed, Sink, Source, Storage, WriteMode,
 };
 pub use tensor::Tensor;
 pub use weights::{WeightComponentPayload, WeightComponentSpec, WeightSource};

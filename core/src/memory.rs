@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::bytes::SharedBytes;
 use crate::storage::{
-    Capabilities, CreateOptions, Sink, Source, Storage, WriteMode, check_range, fetch_views,
-    validate_key,
+    Capabilities, CreateOptions, Listed, Sink, Source, Storage, WriteMode, check_range,
+    fetch_views, is_under, validate_key, validate_prefix,
 };
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
@@ -57,6 +57,7 @@ impl Storage for MemoryStorage {
             .with_atomic_create_new()
             .with_zero_copy_reads()
             .with_pending_listing()
+            .with_listing()
     }
 
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
@@ -104,6 +105,20 @@ impl Storage for MemoryStorage {
     fn clean_pending(&self) -> Result<Vec<String>> {
         // Every pending entry is a live sink in this process; a dead writer leaves nothing.
         Ok(Vec::new())
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        validate_prefix(prefix)?;
+        Ok(self
+            .lock()
+            .objects
+            .iter()
+            .filter(|(key, _)| is_under(key, prefix))
+            .map(|(key, data)| Listed {
+                key: key.clone(),
+                len: data.len() as u64,
+            })
+            .collect())
     }
 }
 

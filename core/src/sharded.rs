@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::format::Format;
 use crate::storage::{CreateOptions, Storage, WriteMode, unique_token};
 use crate::{Error, Result, Tensor, Writer};
 
@@ -88,10 +87,7 @@ impl ShardedWriter {
         directory: &str,
     ) -> Result<ShardedSummary> {
         let format = self.writer.format();
-        let extension = match format {
-            Format::Burnpack => "bpk",
-            Format::Safetensors => "safetensors",
-        };
+        let extension = format.extension();
         let prefix = if directory.is_empty() {
             String::new()
         } else {

@@ -394,6 +394,8 @@ pub struct Capabilities {
     /// [`Storage::pending`] lists unfinished writes and [`Storage::clean_pending`] removes
     /// those of dead writers.
     pub pending_listing: bool,
+    /// [`Storage::list`] lists committed containers.
+    pub listing: bool,
 }
 
 impl Capabilities {
@@ -404,6 +406,7 @@ impl Capabilities {
         zero_copy_reads: false,
         in_place_writes: false,
         pending_listing: false,
+        listing: false,
     };
 
     /// Declares race-free create-new.
@@ -438,6 +441,13 @@ impl Capabilities {
     #[must_use]
     pub const fn with_pending_listing(mut self) -> Self {
         self.pending_listing = true;
+        self
+    }
+
+    /// Declares listing of committed containers.
+    #[must_use]
+    pub const fn with_listing(mut self) -> Self {
+        self.listing = true;
         self
     }
 
@@ -477,6 +487,9 @@ impl Capabilities {
 ///   [`clean_pending`](Self::clean_pending) removes those whose writer is gone, when the
 ///   backend declares [`Capabilities::pending_listing`]; otherwise both fail with
 ///   [`ErrorKind::Unsupported`].
+/// - [`list`](Self::list) returns exactly the keys `open` would find under a prefix, with
+///   their lengths, when the backend declares [`Capabilities::listing`]: never a write in
+///   progress, an aborted one, a scratch file or a staged upload.
 pub trait Storage: Send + Sync + fmt::Debug {
     /// What this backend promises.
     fn capabilities(&self) -> Capabilities;
@@ -522,6 +535,51 @@ pub trait Storage: Send + Sync + fmt::Debug {
             "this storage cannot clean unfinished writes",
         ))
     }
+
+    /// The committed containers under `prefix`, sorted by key: every key that is `prefix`
+    /// followed by `/` and more (any depth), or every key for an empty prefix. A key is
+    /// listed exactly when [`open`](Self::open) would find it, with the length its source
+    /// would have.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a prefix that is not a valid key;
+    /// [`ErrorKind::Unsupported`] unless the backend declares [`Capabilities::listing`]; the
+    /// backend's error.
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        let _ = prefix;
+        Err(Error::unsupported(
+            "this storage cannot list its containers",
+        ))
+    }
+}
+
+/// A committed container, as [`Storage::list`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Listed {
+    /// Its key.
+    pub key: String,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// Checks a listing prefix: empty, or a valid key.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`] as [`validate_key`] says.
+pub fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() {
+        Ok(())
+    } else {
+        validate_key(prefix)
+    }
+}
+
+/// Whether `key` lies under the listing prefix `prefix` (see [`Storage::list`]).
+pub fn is_under(key: &str, prefix: &str) -> bool {
+    prefix.is_empty()
+        || key
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 macro_rules! forward_storage {
@@ -546,6 +604,9 @@ macro_rules! forward_storage {
             }
             fn clean_pending(&self) -> Result<Vec<String>> {
                 (**self).clean_pending()
+            }
+            fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+                (**self).list(prefix)
             }
         }
     )*};

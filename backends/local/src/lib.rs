@@ -36,11 +36,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use std_fs::StdFileSystem;
 use weightbay::fs::{FileHandle, FileSystem};
 use weightbay::storage::{
-    check_range, check_ranges, check_written, read_at_parallel, validate_key,
+    check_range, check_ranges, check_written, read_at_parallel, validate_key, validate_prefix,
 };
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind,
-    LazyRegion, Result, Sink, Source, Storage, WriteMode,
+    LazyRegion, Listed, Result, Sink, Source, Storage, WriteMode,
 };
 
 /// The suffix of scratch files; the full name is `<name>.<pid>-<n>.tmp`.
@@ -117,41 +117,78 @@ impl LocalStorage {
 
     /// Every scratch file under the root, relative path and writer pid.
     fn scratch_files(&self) -> Result<Vec<(String, u32)>> {
+        Ok(self
+            .files_under("")?
+            .into_iter()
+            .filter_map(|(relative, name)| Some((relative, scratch_pid(&name)?)))
+            .collect())
+    }
+
+    /// Every file under the directory `prefix` (relative to the root; empty for the root),
+    /// with its path relative to the root and its own name. A missing directory has none.
+    fn files_under(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         let mut found = Vec::new();
-        let mut dirs = vec![String::new()];
+        let mut dirs = vec![prefix.to_owned()];
         while let Some(relative) = dirs.pop() {
             let dir = self.root.join(&relative);
             let names = match self.fs.list_dir(&dir) {
                 Ok(names) => names,
-                Err(e) if e.kind() == io::ErrorKind::NotFound && relative.is_empty() => {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && relative == prefix => {
                     return Ok(found);
                 }
+                // A file: what the loop below pushed was no directory.
                 Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::NotADirectory | io::ErrorKind::NotFound
-                    ) =>
+                    if relative != prefix
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::NotADirectory | io::ErrorKind::NotFound
+                        ) =>
                 {
+                    let name = relative.rsplit('/').next().unwrap_or(&relative).to_owned();
+                    found.push((relative, name));
                     continue;
                 }
                 Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
             };
             for name in names {
-                let Some(name) = name.to_str().map(str::to_owned) else {
+                // Keys are UTF-8: another name is no container of this storage.
+                let Some(name) = name.to_str() else {
                     continue;
                 };
                 let child = if relative.is_empty() {
-                    name.clone()
+                    name.to_owned()
                 } else {
                     format!("{relative}/{name}")
                 };
-                match scratch_pid(&name) {
-                    Some(pid) => found.push((child, pid)),
-                    None => dirs.push(child),
+                if scratch_pid(name).is_some() {
+                    found.push((child, name.to_owned()));
+                } else {
+                    dirs.push(child);
                 }
             }
         }
         Ok(found)
+    }
+
+    /// The committed files under `prefix`: every file but scratch files, with its length.
+    fn list_files(&self, prefix: &str) -> Result<Vec<Listed>> {
+        validate_prefix(prefix)?;
+        let mut listed = Vec::new();
+        for (relative, name) in self.files_under(prefix)? {
+            if scratch_pid(&name).is_some() || validate_key(&relative).is_err() {
+                continue;
+            }
+            let path = self.root.join(&relative);
+            let len = match self.fs.open(&path).and_then(|file| file.file_len()) {
+                Ok(len) => len,
+                // Deleted or replaced between listing and opening: not there now.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_error("opening", &path, e)),
+            };
+            listed.push(Listed { key: relative, len });
+        }
+        listed.sort();
+        Ok(listed)
     }
 }
 
@@ -183,7 +220,8 @@ impl Storage for LocalStorage {
         let capabilities = Capabilities::NONE
             .with_atomic_create_new()
             .with_in_place_writes()
-            .with_pending_listing();
+            .with_pending_listing()
+            .with_listing();
         // Durable needs a directory fsync, which only Unix offers.
         if cfg!(unix) {
             capabilities.with_durable_commit()
@@ -286,6 +324,10 @@ impl Storage for LocalStorage {
 
     fn clean_pending(&self) -> Result<Vec<String>> {
         LocalStorage::clean_pending(self)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.list_files(prefix)
     }
 }
 

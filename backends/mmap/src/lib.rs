@@ -35,7 +35,8 @@ use std::sync::Arc;
 use memmap2::{Advice, Mmap};
 use weightbay::storage::{check_range, fetch_views, validate_key};
 use weightbay::{
-    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Result, Sink, Source, Storage,
+    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Listed, Result, Sink, Source,
+    Storage,
 };
 use weightbay_local::LocalStorage;
 
@@ -121,6 +122,10 @@ impl Storage for MmapStorage {
 
     fn clean_pending(&self) -> Result<Vec<String>> {
         self.local.clean_pending()
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.local.list(prefix)
     }
 }
 

@@ -52,8 +52,10 @@ use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme};
 pub use runtime::Bridge;
 use sink::ObjectSink;
 pub use source::ObjectSource;
-use weightbay::storage::validate_key;
-use weightbay::{Capabilities, CreateOptions, Error, ErrorKind, Result, Sink, Source, Storage};
+use weightbay::storage::{validate_key, validate_prefix};
+use weightbay::{
+    Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage,
+};
 
 use crate::error::convert;
 
@@ -341,7 +343,8 @@ impl Storage for ObjectStorage {
     fn capabilities(&self) -> Capabilities {
         let capabilities = Capabilities::NONE
             .with_atomic_create_new()
-            .with_pending_listing();
+            .with_pending_listing()
+            .with_listing();
         if self.options.durable {
             capabilities.with_durable_commit()
         } else {
@@ -392,6 +395,37 @@ impl Storage for ObjectStorage {
             }
         }
         Ok(removed)
+    }
+
+    /// One LIST request per page of 1,000 objects (S3, GCS, Azure); staged create-new uploads
+    /// and unfinished multipart uploads are not objects and never appear.
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        validate_prefix(prefix)?;
+        let under = if prefix.is_empty() {
+            self.prefix.clone()
+        } else {
+            self.path(prefix)?
+        };
+        let store = Arc::clone(&self.store);
+        let listed = self.bridge.run(async move {
+            let under = (!under.as_ref().is_empty()).then_some(under);
+            store.list(under.as_ref()).try_collect::<Vec<_>>().await
+        })?;
+        let objects = listed.map_err(|e| convert("listing objects", e))?;
+        let mut found: Vec<Listed> = objects
+            .into_iter()
+            .filter_map(|meta| {
+                let key = self.relative(&meta.location);
+                let listed =
+                    key.split('/').next() != Some(STAGING_DIR) && validate_key(&key).is_ok();
+                listed.then_some(Listed {
+                    key,
+                    len: meta.size,
+                })
+            })
+            .collect();
+        found.sort();
+        Ok(found)
     }
 }
 

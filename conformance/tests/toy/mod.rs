@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use weightbay::storage::{check_range, validate_key};
+use weightbay::storage::{check_range, is_under, validate_key, validate_prefix};
 use weightbay::{
-    Capabilities, CreateOptions, Error, ErrorKind, Result, Sink, Source, Storage, WriteMode,
+    Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage, WriteMode,
 };
 use weightbay_conformance::Harness;
 
@@ -30,6 +30,9 @@ pub enum Defect {
     /// `open` sniffs the stored bytes and refuses what is not a Burnpack container with
     /// InvalidInput, instead of letting the reader report it corrupt.
     RefusesUnknownContent,
+    /// `list("dir")` matches keys by string prefix, as a naive object-store listing does, so
+    /// `dir2/x` and `directory` show under `dir`.
+    ListsByStringPrefix,
 }
 
 #[derive(Debug, Default)]
@@ -67,7 +70,7 @@ impl Storage for HashMapStorage {
     fn capabilities(&self) -> Capabilities {
         // A deliberate choice: race-free create-new (one lock), nothing durable, no in-place
         // writes. The suite checks that the undeclared ones are refused.
-        Capabilities::NONE.with_atomic_create_new()
+        Capabilities::NONE.with_atomic_create_new().with_listing()
     }
 
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
@@ -105,6 +108,29 @@ impl Storage for HashMapStorage {
             return Err(Error::new(ErrorKind::Io, "no pending listing here"));
         }
         Err(Error::unsupported("no pending listing"))
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        validate_prefix(prefix)?;
+        let naive = self.defect == Some(Defect::ListsByStringPrefix);
+        let mut listed: Vec<Listed> = self
+            .lock()
+            .current
+            .iter()
+            .filter(|(key, _)| {
+                if naive {
+                    key.starts_with(prefix)
+                } else {
+                    is_under(key, prefix)
+                }
+            })
+            .map(|(key, bytes)| Listed {
+                key: key.clone(),
+                len: bytes.len() as u64,
+            })
+            .collect();
+        listed.sort();
+        Ok(listed)
     }
 
     fn delete(&self, key: &str) -> Result<()> {

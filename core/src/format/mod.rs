@@ -32,6 +32,14 @@ pub enum Format {
 }
 
 impl Format {
+    /// The file extension of this format's containers: `bpk` or `safetensors`.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Self::Burnpack => "bpk",
+            Self::Safetensors => "safetensors",
+        }
+    }
+
     /// The format a file name's extension names: `.bpk` or `.safetensors`.
     pub fn from_file_name(name: &str) -> Option<Self> {
         match name.rsplit_once('.')?.1 {
