@@ -2,14 +2,17 @@
 
 mod demo;
 mod progress;
+mod target;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use target::{Target, resolve};
+use weightbay::checkpoints::{Checkpoints, Retention, StepState, StepStatus};
 use weightbay::format::Format;
-use weightbay::{ErrorKind, Reader, Result, Scalar, WriteMode};
+use weightbay::{Durability, ErrorKind, Reader, Result, Scalar, WriteMode, Writer};
 use weightbay_object_store::Location;
 
 /// Checkpoints on local disk, in memory maps, and in object storage.
@@ -20,25 +23,42 @@ struct Cli {
     command: Command,
 }
 
+/// Every command takes a path or URL (file://, s3://, gs://, az://, memory://) naming one
+/// container, a sharded set's `*.index.json`, or a training run's checkpoint prefix (the
+/// directory its `step-N/` directories are in).
 #[derive(Subcommand)]
 enum Command {
-    /// List a checkpoint's tensors, metadata and scalars.
+    /// List the tensors, metadata and scalars of a container, a sharded set, or a checkpoint
+    /// (the latest, or `--step N`).
     Inspect {
-        /// Path or URL (file://, s3://, gs://, az://, memory://).
+        /// Path or URL.
         url: String,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Of a checkpoint prefix, this step instead of the latest.
+        #[arg(long)]
+        step: Option<u64>,
     },
-    /// Check a checkpoint's structure and every checksum; exit 0 only if all verify.
+    /// Check structure and every checksum; exit 0 only if all verify. Checkpoints are checked
+    /// against the CRC32C of every container in their commit record.
     Verify {
         /// Path or URL.
         url: String,
-        /// Fail when the checkpoint carries no checksums (no integrity trailer).
+        /// Fail when a container carries no checksums (no integrity trailer and no commit
+        /// record).
         #[arg(long)]
         require_checksums: bool,
+        /// Of a checkpoint prefix, this step instead of the latest.
+        #[arg(long, conflicts_with = "all")]
+        step: Option<u64>,
+        /// Of a checkpoint prefix, every committed checkpoint.
+        #[arg(long)]
+        all: bool,
     },
-    /// Copy a checkpoint between any two storages, converting its format if asked.
+    /// Copy between any two storages: a container or sharded set into one container
+    /// (converting its format if asked), or a checkpoint into another checkpoint prefix
+    /// (byte for byte, its commit record last).
     Cp {
         /// Source path or URL.
         src: String,
@@ -50,6 +70,32 @@ enum Command {
         /// Fail if the destination exists (race-free where the storage allows).
         #[arg(long)]
         no_clobber: bool,
+        /// Of a checkpoint prefix, this step instead of the latest.
+        #[arg(long, conflicts_with = "all")]
+        step: Option<u64>,
+        /// Of a checkpoint prefix, every complete checkpoint not yet at the destination.
+        #[arg(long)]
+        all: bool,
+    },
+    /// List the checkpoints under a prefix: step, time, size, format, and whether complete.
+    Ls {
+        /// Path or URL of the checkpoint prefix.
+        url: String,
+    },
+    /// Delete old checkpoints (with `--keep-last`/`--keep-every`) and what dead saves left.
+    /// The newest complete checkpoint is never deleted.
+    Gc {
+        /// Path or URL of the checkpoint prefix.
+        url: String,
+        /// Keep the newest N complete checkpoints.
+        #[arg(long)]
+        keep_last: Option<usize>,
+        /// Also keep every checkpoint whose step is a multiple of K.
+        #[arg(long)]
+        keep_every: Option<u64>,
+        /// Say what would be deleted, and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Write a synthetic ~1 GiB checkpoint to a local file and an embedded object store, read
     /// it back, verify it, and report speeds. Needs nothing else running.
@@ -119,76 +165,116 @@ fn locate(input: &str) -> Result<Location> {
     Location::parse_with_retry(input, retry())
 }
 
-fn open(location: &Location) -> Result<Reader> {
-    let source = location.storage.open(&location.key).map_err(|e| {
-        e.context(format_args!(
-            "cannot open `{}` in {}",
-            location.key, location.store
-        ))
-    })?;
-    Reader::open(source).map_err(|e| e.with_key(&location.key))
-}
-
 fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Inspect { url, json } => {
-            let reader = open(&locate(&url)?)?;
+        Command::Inspect { url, json, step } => {
+            let readers = match resolve(&locate(&url)?)? {
+                Target::Container(reader) => vec![(url, reader)],
+                Target::Sharded(shards) => shards,
+                Target::Checkpoints(checkpoints) => {
+                    let step = target::chosen(&checkpoints, step, false)?[0];
+                    target::containers(&checkpoints.open(step)?)?
+                }
+            };
             if json {
+                // One container prints as before; several (shards) as a list naming each.
+                let value = match readers.as_slice() {
+                    [(_, reader)] => inspect_json(reader),
+                    several => serde_json::Value::Array(
+                        several
+                            .iter()
+                            .map(|(key, reader)| {
+                                let mut value = inspect_json(reader);
+                                value["key"] = key.as_str().into();
+                                value
+                            })
+                            .collect(),
+                    ),
+                };
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&inspect_json(&reader)).unwrap_or_default()
+                    serde_json::to_string_pretty(&value).unwrap_or_default()
                 );
             } else {
-                print!("{}", inspect_table(&reader));
+                let several = readers.len() > 1;
+                for (key, reader) in &readers {
+                    if several {
+                        println!("== {key}");
+                    }
+                    print!("{}", inspect_table(reader));
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify {
             url,
             require_checksums,
+            step,
+            all,
         } => {
             let location = locate(&url)?;
-            let report = restarting(&url, || open(&location)?.verify())?;
-            if report.checksummed {
-                println!(
-                    "ok: {} tensors, {} bytes, every checksum matches",
-                    report.tensors, report.bytes
-                );
-            } else {
-                println!(
-                    "ok: {} tensors, {} bytes, structure and padding verified; no checksums to compare",
-                    report.tensors, report.bytes
-                );
-                if require_checksums {
-                    eprintln!(
-                        "error: the checkpoint carries no integrity trailer (--require-checksums)"
-                    );
-                    return Ok(ExitCode::FAILURE);
+            match restarting(&url, || resolve(&location))? {
+                Target::Container(_) => {
+                    verify_containers(&url, require_checksums, || match resolve(&location)? {
+                        Target::Container(reader) => Ok(vec![(url.clone(), reader)]),
+                        _ => Err(weightbay::Error::new(
+                            ErrorKind::Changed,
+                            "no longer a container",
+                        )),
+                    })
+                }
+                Target::Sharded(_) => {
+                    verify_containers(&url, require_checksums, || match resolve(&location)? {
+                        Target::Sharded(shards) => Ok(shards),
+                        _ => Err(weightbay::Error::new(
+                            ErrorKind::Changed,
+                            "no longer an index",
+                        )),
+                    })
+                }
+                Target::Checkpoints(checkpoints) => {
+                    verify_checkpoints(&checkpoints, target::chosen(&checkpoints, step, all)?)
                 }
             }
-            Ok(ExitCode::SUCCESS)
         }
         Command::Cp {
             src,
             dst,
             format,
             no_clobber,
+            step,
+            all,
         } => {
             let (from, to) = (locate(&src)?, locate(&dst)?);
+            if let Target::Checkpoints(source) = resolve(&from)? {
+                let steps = target::chosen(&source, step, all)?;
+                return copy_checkpoints(&source, &to, &steps, &dst);
+            }
             let mode = if no_clobber {
                 WriteMode::CreateNew
             } else {
                 WriteMode::Overwrite
             };
             let (summary, format) = restarting(&src, || {
-                let reader = open(&from)?;
+                let (tensors, source_format) = match resolve(&from)? {
+                    Target::Container(reader) => (reader.to_writer(), reader.format()),
+                    Target::Sharded(shards) => {
+                        let format = shards.first().map_or(Format::Burnpack, |(_, r)| r.format());
+                        (Writer::new(target::merged_tensors(&shards)?), format)
+                    }
+                    Target::Checkpoints(_) => {
+                        return Err(weightbay::Error::new(
+                            ErrorKind::Changed,
+                            "the source became a checkpoint prefix",
+                        ));
+                    }
+                };
                 let format = match format {
                     Some(FormatArg::Burnpack) => Format::Burnpack,
                     Some(FormatArg::Safetensors) => Format::Safetensors,
-                    None => Format::from_file_name(to.file_name()).unwrap_or(reader.format()),
+                    None => Format::from_file_name(to.file_name()).unwrap_or(source_format),
                 };
-                let writer = reader
-                    .to_writer()
+                let writer = tensors
                     .with_format(format)
                     .with_mode(mode)
                     .with_cancel(Arc::clone(&INTERRUPTED));
@@ -203,8 +289,206 @@ fn run(command: Command) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ls { url } => {
+            let checkpoints = checkpoints_at(&url)?;
+            print!("{}", ls_table(&checkpoints.list()?));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Gc {
+            url,
+            keep_last,
+            keep_every,
+            dry_run,
+        } => {
+            let checkpoints = checkpoints_at(&url)?;
+            let policy = keep_last
+                .map_or_else(Retention::default, Retention::keep_last)
+                .and_every(keep_every.unwrap_or(0));
+            let retire = keep_last.is_some() || keep_every.is_some();
+            let verb = if dry_run { "would delete" } else { "deleted" };
+            let steps = match (retire, dry_run) {
+                (false, _) => Vec::new(),
+                (true, true) => checkpoints.retention_plan(&policy)?,
+                (true, false) => checkpoints.retain(&policy)?,
+            };
+            for step in &steps {
+                println!("{verb} checkpoint step {step}");
+            }
+            let orphans = if dry_run {
+                checkpoints.orphans()?
+            } else {
+                let report = checkpoints.gc()?;
+                for pending in &report.pending {
+                    println!("{verb} unfinished write {pending}");
+                }
+                report.orphans
+            };
+            for orphan in &orphans {
+                println!("{verb} {orphan} (no commit record names it)");
+            }
+            eprintln!(
+                "{verb} {} checkpoints and {} stray containers",
+                steps.len(),
+                orphans.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo { size_mib, dir } => demo::run(size_mib, dir).map(|()| ExitCode::SUCCESS),
     }
+}
+
+/// The checkpoints under `url`, which must be able to list.
+fn checkpoints_at(url: &str) -> Result<Checkpoints> {
+    let location = locate(url)?;
+    if !location.storage.capabilities().listing {
+        return Err(weightbay::Error::unsupported(format!(
+            "{} cannot list, so it holds no checkpoints this command can find",
+            location.store
+        )));
+    }
+    Ok(Checkpoints::over(location.storage, location.key))
+}
+
+/// Verifies every container `open` returns (again from the start if one is replaced
+/// meanwhile), one line each.
+fn verify_containers(
+    url: &str,
+    require_checksums: bool,
+    mut open: impl FnMut() -> Result<Vec<(String, Reader)>>,
+) -> Result<ExitCode> {
+    let reports = restarting(url, || {
+        open()?
+            .into_iter()
+            .map(|(key, reader)| Ok((key, reader.verify()?)))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let several = reports.len() > 1;
+    let mut unchecked = false;
+    for (key, report) in &reports {
+        let name = if several {
+            format!("{key}: ")
+        } else {
+            String::new()
+        };
+        if report.checksummed {
+            println!(
+                "ok: {name}{} tensors, {} bytes, every checksum matches",
+                report.tensors, report.bytes
+            );
+        } else {
+            unchecked = true;
+            println!(
+                "ok: {name}{} tensors, {} bytes, structure and padding verified; no checksums to compare",
+                report.tensors, report.bytes
+            );
+        }
+    }
+    if unchecked && require_checksums {
+        eprintln!("error: a container carries no integrity trailer (--require-checksums)");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Verifies each checkpoint of `steps`: every container's bytes against its commit record,
+/// and its structure. Reports every one, and fails if any fails.
+fn verify_checkpoints(checkpoints: &Checkpoints, steps: Vec<u64>) -> Result<ExitCode> {
+    let mut failed = 0;
+    for step in &steps {
+        let checked = checkpoints.open(*step).and_then(|checkpoint| {
+            let report = checkpoint.verify()?;
+            for (key, reader) in target::containers(&checkpoint)? {
+                reader.verify().map_err(|e| e.with_key(&key))?;
+            }
+            Ok(report)
+        });
+        match checked {
+            Ok(report) => println!(
+                "ok: step {step}: {} containers, {} bytes, every CRC32C matches the commit record",
+                report.containers, report.bytes
+            ),
+            Err(e) => {
+                failed += 1;
+                println!("FAILED: step {step}: {e}");
+            }
+        }
+    }
+    if failed > 0 {
+        eprintln!(
+            "error: {failed} of {} checkpoints failed to verify",
+            steps.len()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Copies the checkpoints of `steps` from `source` to the prefix `to` (durably where the
+/// destination can), skipping steps already committed there.
+fn copy_checkpoints(
+    source: &Checkpoints,
+    to: &Location,
+    steps: &[u64],
+    dst: &str,
+) -> Result<ExitCode> {
+    let durability = if to.storage.capabilities().durable_commit {
+        Durability::Durable
+    } else {
+        Durability::default()
+    };
+    for &step in steps {
+        let checkpoint = source.open(step)?;
+        let total = checkpoint.record().containers.iter().map(|c| c.len).sum();
+        let counting = Arc::new(progress::Counting::new(Arc::clone(&to.storage), total));
+        let destination = Checkpoints::over(
+            Arc::clone(&counting) as Arc<dyn weightbay::Storage>,
+            to.key.clone(),
+        );
+        let copied = destination.copy_from(&checkpoint, durability);
+        counting.finish();
+        match copied {
+            Ok(record) => eprintln!(
+                "copied checkpoint step {step}: {} containers, {total} bytes, to {dst}",
+                record.containers.len()
+            ),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && steps.len() > 1 => {
+                eprintln!("step {step} is at {dst} already; skipped");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The `ls` table.
+fn ls_table(statuses: &[StepStatus]) -> String {
+    let mut out = format!(
+        "{:>12}  {:<23}  {:>14}  {:<11}  {:>10}  state\n",
+        "step", "time", "bytes", "format", "containers"
+    );
+    for status in statuses {
+        let (time, format, containers) = match &status.record {
+            Some(record) => (
+                target::utc(record.time_unix_ms),
+                record.format.clone(),
+                record.containers.len().to_string(),
+            ),
+            None => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+        };
+        let state = match &status.state {
+            StepState::Complete => "complete".to_owned(),
+            StepState::Damaged(why) => format!("DAMAGED: {why}"),
+            StepState::Uncommitted => "uncommitted (saving, or a save that died)".to_owned(),
+        };
+        out += &format!(
+            "{:>12}  {time:<23}  {:>14}  {format:<11}  {containers:>10}  {state}\n",
+            status.step, status.stored_bytes
+        );
+    }
+    if statuses.is_empty() {
+        out += "(no checkpoints)\n";
+    }
+    out
 }
 
 fn inspect_table(reader: &Reader) -> String {

@@ -254,3 +254,126 @@ fn ctrl_c_during_cp_leaves_the_destination_as_it_was() {
     }
     panic!("every copy finished despite Ctrl-C: ignored, or it came after the last write");
 }
+
+/// A sharded safetensors set, as Hugging Face tools write one: its index works wherever a
+/// container does, and an unrecognised JSON file says what was tried.
+#[test]
+fn index_files_work_wherever_a_container_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = weightbay_local::LocalStorage::new(dir.path());
+    let tensors = (0..4)
+        .map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![i as u8; 1000]))
+        .collect();
+    let summary = weightbay::sharded::ShardedWriter::new(
+        Writer::new(tensors).with_format(Format::Safetensors),
+    )
+    .with_shard_len(2000)
+    .write_to(&storage, "hf")
+    .unwrap();
+    let index = dir.path().join(&summary.index);
+    let index = index.to_str().unwrap();
+
+    let output = weightbay(&["inspect", index]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains("w0") && stdout.contains("w3"), "{stdout}");
+    let output = weightbay(&["verify", index]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("ok: ")).count(),
+        2,
+        "{stdout}"
+    );
+
+    let merged = dir.path().join("merged.bpk");
+    let output = weightbay(&["cp", index, merged.to_str().unwrap()]);
+    assert!(output.status.success(), "{:?}", text(&output));
+    let reader = weightbay::Reader::from_bytes(std::fs::read(&merged).unwrap()).unwrap();
+    assert_eq!(reader.tensors().len(), 4);
+    assert_eq!(reader.read("w2").unwrap(), vec![2; 1000]);
+
+    // A JSON file that is no index, under a container's name.
+    let other = dir.path().join("config.bpk");
+    std::fs::write(&other, br#"{"hidden_size": 4096}"#).unwrap();
+    let output = weightbay(&["inspect", other.to_str().unwrap()]);
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr.contains("tried Burnpack") && stderr.contains("index.json"),
+        "{stderr}"
+    );
+}
+
+/// A training run's checkpoints: listed, verified (a flipped bit in a safetensors shard is
+/// caught), thinned out (a dry run first), and copied to another storage.
+#[test]
+fn checkpoint_prefixes_list_verify_gc_and_copy() {
+    use weightbay::checkpoints::{Checkpoints, SaveOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = Checkpoints::new(weightbay_local::LocalStorage::new(dir.path()), "run");
+    for step in [100, 200, 300] {
+        let tensors = (0..3)
+            .map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![step as u8; 1000]))
+            .collect();
+        let writer = Writer::new(tensors).with_format(Format::Safetensors);
+        checkpoints
+            .save_with(step, writer, SaveOptions::sharded(1500))
+            .unwrap();
+    }
+    let run = dir.path().join("run");
+    let run = run.to_str().unwrap();
+    let output = weightbay(&["ls", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(stdout.matches("complete").count(), 3, "{stdout}");
+    assert!(stdout.contains("safetensors"), "{stdout}");
+
+    // One flipped bit in a shard of step 200.
+    let record = checkpoints.open(200).unwrap().record().clone();
+    let shard = record
+        .containers
+        .iter()
+        .find(|c| c.key.ends_with(".safetensors"))
+        .unwrap();
+    let path = dir.path().join("run/step-200").join(&shard.key);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&path, bytes).unwrap();
+    let output = weightbay(&["verify", run]);
+    assert!(
+        output.status.success(),
+        "the latest is intact: {:?}",
+        text(&output)
+    );
+    let output = weightbay(&["verify", run, "--all"]);
+    let (stdout, _) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("FAILED: step 200") && stdout.contains("CRC32C"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("ok: step").count(), 2, "{stdout}");
+
+    let output = weightbay(&["gc", run, "--keep-last", "1", "--dry-run"]);
+    let (stdout, _) = text(&output);
+    assert!(
+        stdout.contains("would delete checkpoint step 100"),
+        "{stdout}"
+    );
+    // Lengths are intact, so step 200 still lists as complete: only verify reads the bytes.
+    assert_eq!(checkpoints.steps().unwrap(), [100, 200, 300]);
+    let output = weightbay(&["gc", run, "--keep-last", "1"]);
+    assert!(output.status.success(), "{:?}", text(&output));
+    assert_eq!(checkpoints.steps().unwrap(), [300]);
+    assert!(checkpoints.list().unwrap().iter().all(|s| s.step == 300));
+
+    let copy = dir.path().join("elsewhere/run");
+    let output = weightbay(&["cp", run, copy.to_str().unwrap()]);
+    assert!(output.status.success(), "{:?}", text(&output));
+    let output = weightbay(&["verify", copy.to_str().unwrap()]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains("ok: step 300"), "{stdout}");
+}

@@ -64,8 +64,8 @@ pub struct Model {
 }
 
 /// The prefixes the listing is checked under: the whole storage, a directory and a nested
-/// one, and a string prefix of a key that is no directory (which lists nothing).
-pub const LIST_PREFIXES: [&str; 4] = ["", "dir", "dir/sub", "di"];
+/// one, a string prefix of a key that is no directory, and a key itself (both list nothing).
+pub const LIST_PREFIXES: [&str; 5] = ["", "dir", "dir/sub", "di", "a.bpk"];
 
 /// The bytes of container `version`.
 pub fn version_bytes(version: u8) -> Vec<u8> {

@@ -546,13 +546,29 @@ impl Checkpoints {
         })
     }
 
-    /// Deletes the committed checkpoints `policy` does not keep, and returns their steps.
-    /// The newest complete checkpoint is always kept. Each goes commit record first, so a
-    /// checkpoint half deleted is never complete; then its containers.
+    /// Deletes the committed checkpoints `policy` does not keep ([`retention_plan`]), and
+    /// returns their steps. Each goes commit record first, so a checkpoint half deleted is
+    /// never complete; then its containers.
+    ///
+    /// [`retention_plan`]: Self::retention_plan
     ///
     /// # Errors
     /// The storage's errors; what was deleted before stays deleted.
     pub fn retain(&self, policy: &Retention) -> Result<Vec<u64>> {
+        let doomed = self.retention_plan(policy)?;
+        for &step in &doomed {
+            self.delete_step(step)?;
+        }
+        Ok(doomed)
+    }
+
+    /// The committed steps `policy` does not keep, oldest first, without deleting anything
+    /// (what [`retain`](Self::retain) would delete). The newest complete checkpoint is always
+    /// kept; uncommitted steps are [`gc`](Self::gc)'s.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn retention_plan(&self, policy: &Retention) -> Result<Vec<u64>> {
         let statuses = self.list()?;
         let complete: Vec<u64> = statuses
             .iter()
@@ -563,16 +579,15 @@ impl Checkpoints {
         if let Some(n) = policy.keep_last {
             keep.extend(complete.iter().rev().take(n));
         }
-        let mut deleted = Vec::new();
-        for status in statuses {
-            let committed = status.state != StepState::Uncommitted;
-            let every = policy.keep_every.is_some_and(|k| status.step % k == 0);
-            if committed && !every && !keep.contains(&status.step) {
-                self.delete_step(status.step)?;
-                deleted.push(status.step);
-            }
-        }
-        Ok(deleted)
+        Ok(statuses
+            .into_iter()
+            .filter(|status| {
+                let committed = status.state != StepState::Uncommitted;
+                let every = policy.keep_every.is_some_and(|k| status.step % k == 0);
+                committed && !every && !keep.contains(&status.step)
+            })
+            .map(|status| status.step)
+            .collect())
     }
 
     /// Deletes the checkpoint of `step`: its commit record first, then everything under its
@@ -602,6 +617,23 @@ impl Checkpoints {
     /// # Errors
     /// The storage's errors.
     pub fn gc(&self) -> Result<GcReport> {
+        let orphans = self.orphans()?;
+        for key in &orphans {
+            delete_if_present(self.storage.as_ref(), key)?;
+        }
+        let pending = if self.storage.capabilities().pending_listing {
+            self.storage.clean_pending()?
+        } else {
+            Vec::new()
+        };
+        Ok(GcReport { orphans, pending })
+    }
+
+    /// The containers [`gc`](Self::gc) would remove, without removing anything.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn orphans(&self) -> Result<Vec<String>> {
         let statuses = self.list()?;
         let newest_complete = statuses
             .iter()
@@ -609,7 +641,7 @@ impl Checkpoints {
             .find(|s| s.state == StepState::Complete)
             .map(|s| s.step);
         let in_flight = self.saves.lock().in_flight.clone();
-        let mut report = GcReport::default();
+        let mut orphans = Vec::new();
         for status in statuses {
             if newest_complete.is_none_or(|newest| status.step > newest) {
                 continue;
@@ -630,15 +662,83 @@ impl Checkpoints {
                     .as_ref()
                     .is_some_and(|(_, save_dir)| listed.key.starts_with(&format!("{save_dir}/")));
                 if !named.contains(&listed.key) && !saving {
-                    delete_if_present(self.storage.as_ref(), &listed.key)?;
-                    report.orphans.push(listed.key);
+                    orphans.push(listed.key);
                 }
             }
         }
-        if self.storage.capabilities().pending_listing {
-            report.pending = self.storage.clean_pending()?;
+        Ok(orphans)
+    }
+
+    /// Copies `checkpoint` (from any storage) here under the same step, byte for byte: every
+    /// container streams across with its CRC32C compared to the record's on the way, then the
+    /// same commit record is written last with create-new. A copy that fails or finds a
+    /// container changed removes what it wrote and commits nothing.
+    ///
+    /// # Errors
+    /// [`ErrorKind::AlreadyExists`] when the step is committed here already;
+    /// [`ErrorKind::Corrupt`] naming a container whose bytes differ from the record; the
+    /// storages' errors.
+    pub fn copy_from(
+        &self,
+        checkpoint: &Checkpoint,
+        durability: Durability,
+    ) -> Result<CommitRecord> {
+        let step = checkpoint.step();
+        let dir = self.step_dir(step);
+        self.saves.begin((step, dir.clone()))?;
+        let result = self.copy_containers(checkpoint, &dir, durability);
+        self.saves.end();
+        result
+    }
+
+    fn copy_containers(
+        &self,
+        checkpoint: &Checkpoint,
+        dir: &str,
+        durability: Durability,
+    ) -> Result<CommitRecord> {
+        let record_key = format!("{dir}/{COMMIT_RECORD}");
+        if self.storage.open(&record_key).is_ok() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("step {} is committed already", checkpoint.step()),
+            )
+            .with_key(&record_key));
         }
-        Ok(report)
+        // Into a save directory of this copy's own, like any save, so a racing copy or save
+        // of the step never writes over these containers.
+        let save = unique_token();
+        let moved = |key: &str| match key.split_once('/') {
+            Some((_, rest)) => format!("{save}/{rest}"),
+            None => format!("{save}/{key}"),
+        };
+        let mut record = checkpoint.record.clone();
+        record.index = record.index.as_deref().map(moved);
+        let mut written = Vec::new();
+        let copied = checkpoint
+            .record
+            .containers
+            .iter()
+            .zip(record.containers.iter_mut())
+            .try_for_each(|(from, to)| {
+                to.key = moved(&from.key);
+                let key = format!("{dir}/{}", to.key);
+                written.push(key.clone());
+                copy_checked(checkpoint, from, self.storage.as_ref(), &key, durability)
+            });
+        let committed = copied
+            .and_then(|()| {
+                serde_json::to_vec_pretty(&record)
+                    .map_err(|e| Error::invalid(format!("encoding the commit record: {e}")))
+            })
+            .and_then(|body| write_new(self.storage.as_ref(), &record_key, &body, durability));
+        if let Err(e) = committed {
+            for key in written {
+                let _ = self.storage.delete(&key);
+            }
+            return Err(e);
+        }
+        Ok(record)
     }
 
     /// The step whose directory `key` lies in, if it lies in one.
@@ -730,6 +830,16 @@ impl Checkpoint {
         &self.record
     }
 
+    /// The directory (key prefix) of the checkpoint's step.
+    pub fn dir(&self) -> &str {
+        &self.dir
+    }
+
+    /// The storage it lives in.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
     /// The key of container `relative` (a key from the record).
     fn key(&self, relative: &str) -> String {
         format!("{}/{relative}", self.dir)
@@ -805,15 +915,70 @@ impl Checkpoint {
     }
 }
 
+/// Streams `container` of `checkpoint` to `key` of `storage`, comparing length and CRC32C
+/// with the record before committing.
+fn copy_checked(
+    checkpoint: &Checkpoint,
+    container: &ContainerRecord,
+    storage: &dyn Storage,
+    key: &str,
+    durability: Durability,
+) -> Result<()> {
+    let from = checkpoint.key(&container.key);
+    let source = checkpoint
+        .storage
+        .open(&from)
+        .map_err(|e| e.with_key(&from))?;
+    if source.len() != container.len {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "holds {} bytes, the commit record says {}",
+                source.len(),
+                container.len
+            ),
+        )
+        .with_key(&from));
+    }
+    let options = CreateOptions::default()
+        .with_mode(WriteMode::Overwrite)
+        .with_durability(durability)
+        .with_expected_len(container.len);
+    let mut sink = storage
+        .create(key, &options)
+        .map_err(|e| e.with_operation("create").with_key(key))?;
+    let crc = for_each_window(source.as_ref(), |window| sink.write(window))
+        .map_err(|e| e.with_key(key))?;
+    if crc != container.crc32c {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "CRC32C {crc:08x}, the commit record says {:08x}",
+                container.crc32c
+            ),
+        )
+        .with_key(&from));
+    }
+    sink.commit()
+        .map_err(|e| e.with_operation("commit").with_key(key))
+}
+
 /// CRC32C of every byte of `source`, read in windows.
 fn crc_of(source: &dyn Source) -> Result<u32> {
+    for_each_window(source, |_| Ok(()))
+}
+
+/// Reads `source` in windows, handing each to `each`, and returns the CRC32C of all of it.
+fn for_each_window(source: &dyn Source, mut each: impl FnMut(&[u8]) -> Result<()>) -> Result<u32> {
     let mut crc = 0;
     let mut window = vec![0; VERIFY_WINDOW.min(source.len()) as usize];
     let mut offset = 0;
     while offset < source.len() {
         let len = (source.len() - offset).min(VERIFY_WINDOW) as usize;
-        source.read_at(offset, &mut window[..len])?;
-        crc = crc32c_append(crc, &window[..len]);
+        let chunk = &mut window[..len];
+        source.read_at(offset, chunk)?;
+        crc = crc32c_append(crc, chunk);
+        each(chunk)?;
         offset += len as u64;
     }
     Ok(crc)

@@ -122,7 +122,8 @@ impl Reader {
             let magic = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]);
             Error::corrupt(format!(
                 "not a container: tried Burnpack (magic is {magic:#010x}, not {:#010x}) and \
-                 safetensors (no JSON header after the 8-byte length)",
+                 safetensors (no JSON header after the 8-byte length); a sharded set opens \
+                 through its index (`*.index.json`)",
                 burnpack::MAGIC
             ))
         })?;

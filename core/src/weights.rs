@@ -384,6 +384,15 @@ impl ShardedWeights {
         self.weight_map.keys().map(String::as_str)
     }
 
+    /// The keys of the shards the index names, sorted, each once.
+    pub fn shard_keys(&self) -> Vec<String> {
+        let files: std::collections::BTreeSet<&String> = self.weight_map.values().collect();
+        files
+            .into_iter()
+            .map(|file| format!("{}{file}", self.directory))
+            .collect()
+    }
+
     fn shard(&self, file: &str) -> Result<Arc<Reader>> {
         let mut open = self
             .open

@@ -329,3 +329,38 @@ fn a_dropped_handle_does_not_lose_its_failure() {
     assert!(checkpoints.list().unwrap().iter().all(|s| s.step == 2));
     checkpoints.flush().unwrap();
 }
+
+#[test]
+fn copying_a_checkpoint_checks_every_byte_and_commits_last() {
+    let from_storage = Arc::new(MemoryStorage::new());
+    let from = Checkpoints::over(from_storage.clone(), "run");
+    from.save_with(
+        3,
+        writer(3, Format::Safetensors),
+        SaveOptions::sharded(2000),
+    )
+    .unwrap();
+    let to = Checkpoints::new(MemoryStorage::new(), "copied");
+    let record = to
+        .copy_from(&from.open(3).unwrap(), weightbay::Durability::default())
+        .unwrap();
+    assert_eq!(to.steps().unwrap(), [3]);
+    let copied = to.open(3).unwrap();
+    copied.verify().unwrap();
+    assert_eq!(copied.record(), &record);
+    let again = to.copy_from(&from.open(3).unwrap(), weightbay::Durability::default());
+    assert_eq!(again.unwrap_err().kind(), ErrorKind::AlreadyExists);
+
+    // A source container changed since its save: the copy refuses and commits nothing.
+    let shard = &from.open(3).unwrap().record().containers[0].key.clone();
+    let key = format!("run/step-3/{shard}");
+    let mut bytes = read_all(from_storage.as_ref(), &key);
+    bytes[0] ^= 1;
+    put(from_storage.as_ref(), &key, &bytes);
+    let elsewhere = Checkpoints::new(MemoryStorage::new(), "");
+    let error = elsewhere
+        .copy_from(&from.open(3).unwrap(), weightbay::Durability::default())
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
+    assert!(elsewhere.list().unwrap().is_empty());
+}

@@ -133,7 +133,14 @@ impl LocalStorage {
             let dir = self.root.join(&relative);
             let names = match self.fs.list_dir(&dir) {
                 Ok(names) => names,
-                Err(e) if e.kind() == io::ErrorKind::NotFound && relative == prefix => {
+                // Nothing under the prefix: it is missing, or a file (keys under `a.bpk/`).
+                Err(e)
+                    if relative == prefix
+                        && matches!(
+                            e.kind(),
+                            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                        ) =>
+                {
                     return Ok(found);
                 }
                 // A file: what the loop below pushed was no directory.

@@ -1,0 +1,132 @@
+//! What a location the user names holds: one container, a sharded set (through its
+//! `*.index.json`), or the checkpoints of a training run (a prefix with `step-N/` directories
+//! under it, see `weightbay::checkpoints`).
+
+use std::sync::Arc;
+
+use weightbay::checkpoints::{Checkpoint, Checkpoints, StepState};
+use weightbay::weights::ShardedWeights;
+use weightbay::{Error, ErrorKind, Reader, Result, Tensor};
+use weightbay_object_store::Location;
+
+/// A location's contents.
+pub enum Target {
+    /// One container.
+    Container(Reader),
+    /// A sharded set: its shards, opened, by key.
+    Sharded(Vec<(String, Reader)>),
+    /// A training run's checkpoints.
+    Checkpoints(Checkpoints),
+}
+
+/// Opens what `location` holds. An `*.index.json` is a sharded set; a key with committed
+/// containers under it is a checkpoint prefix; anything else is opened as a container, whose
+/// error names the formats tried.
+pub fn resolve(location: &Location) -> Result<Target> {
+    let in_store = |e: Error| {
+        e.context(format_args!(
+            "cannot open `{}` in {}",
+            location.key, location.store
+        ))
+    };
+    if location.key.ends_with(".index.json") {
+        let weights =
+            ShardedWeights::open(Arc::clone(&location.storage), &location.key).map_err(in_store)?;
+        let shards = weights
+            .shard_keys()
+            .into_iter()
+            .map(|key| {
+                let reader = Reader::open_key(location.storage.as_ref(), &key)?;
+                Ok((key, reader))
+            })
+            .collect::<Result<_>>()?;
+        return Ok(Target::Sharded(shards));
+    }
+    if location.storage.capabilities().listing
+        && !location
+            .storage
+            .list(&location.key)
+            .map_err(in_store)?
+            .is_empty()
+    {
+        return Ok(Target::Checkpoints(Checkpoints::over(
+            Arc::clone(&location.storage),
+            location.key.clone(),
+        )));
+    }
+    let source = location.storage.open(&location.key).map_err(in_store)?;
+    Ok(Target::Container(
+        Reader::open(source).map_err(|e| e.with_key(&location.key))?,
+    ))
+}
+
+/// The tensors of a sharded set, shard after shard, each read when it is written: a copy of
+/// the set into one container streams.
+pub fn merged_tensors(shards: &[(String, Reader)]) -> Result<Vec<Tensor>> {
+    let mut tensors = Vec::new();
+    for (_, reader) in shards {
+        tensors.extend(reader.to_tensors()?);
+    }
+    Ok(tensors)
+}
+
+/// The checkpoints a command acts on: `--step N`, `--all` committed ones, or the latest
+/// complete one.
+pub fn chosen(checkpoints: &Checkpoints, step: Option<u64>, all: bool) -> Result<Vec<u64>> {
+    if let Some(step) = step {
+        return Ok(vec![step]);
+    }
+    if all {
+        return Ok(checkpoints
+            .list()?
+            .into_iter()
+            .filter(|s| s.state != StepState::Uncommitted)
+            .map(|s| s.step)
+            .collect());
+    }
+    match checkpoints.latest()? {
+        Some(latest) => Ok(vec![latest.step()]),
+        None => Err(Error::new(
+            ErrorKind::NotFound,
+            "no complete checkpoint under this prefix",
+        )),
+    }
+}
+
+/// The one container of `checkpoint` or its shards, opened, by key.
+pub fn containers(checkpoint: &Checkpoint) -> Result<Vec<(String, Reader)>> {
+    let record = checkpoint.record();
+    let dir = checkpoint.dir();
+    record
+        .containers
+        .iter()
+        .filter(|c| record.index.as_deref() != Some(c.key.as_str()))
+        .map(|c| {
+            let key = format!("{dir}/{}", c.key);
+            let reader = Reader::open_key(checkpoint.storage().as_ref(), &key)?;
+            Ok((key, reader))
+        })
+        .collect()
+}
+
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Days to a civil date (Howard Hinnant's algorithm), valid for every u64 day count here.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
