@@ -3,6 +3,7 @@
 //! docs/BENCHMARKS.md lists the cases and the figures. Not part of any installed program: the
 //! peers are this crate's dependencies only.
 
+mod lifecycle;
 mod remote;
 mod stall;
 mod throttled;
@@ -502,6 +503,10 @@ const CASES: &[Case] = &[
         remote::remote_cases,
     ),
     (&["async"], stall::async_stall),
+    (
+        &["background save", "latest", "checkpoint verify"],
+        lifecycle::lifecycle_cases,
+    ),
 ];
 
 fn run(args: &Args) -> Result<()> {

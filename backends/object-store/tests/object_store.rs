@@ -124,6 +124,20 @@ fn fetch_cuts_a_tensor_longer_than_a_request_into_pieces() {
     }
 }
 
+/// `latest()` among many checkpoints: one listing and one GET (the newest commit record),
+/// however many there are.
+#[test]
+fn finding_the_latest_checkpoint_reads_one_commit_record() {
+    let (store, storage) = counting();
+    let checkpoints = weightbay::checkpoints::Checkpoints::new(storage, "run");
+    for step in 1..=40 {
+        checkpoints.save(step, Writer::new(tensors(1, 10))).unwrap();
+    }
+    store.gets.store(0, Ordering::SeqCst);
+    assert_eq!(checkpoints.latest().unwrap().unwrap().step(), 40);
+    assert_eq!(store.gets.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn empty_ranges_fetch_as_empty_bytes() {
     let (_, storage) = counting();

@@ -1,0 +1,130 @@
+//! The checkpoint lifecycle's figures: how long a background save blocks the training loop
+//! (and what it costs in total) against a synchronous save, `latest()` over 1,000
+//! checkpoints, and `verify` of a 2 GiB safetensors checkpoint against this machine's CRC32C
+//! throughput.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use weightbay::checkpoints::{Checkpoints, Retention, SaveOptions};
+use weightbay::format::Format;
+use weightbay::{DType, Durability, Result, Tensor, Writer};
+use weightbay_local::LocalStorage;
+
+use crate::{Bench, Row, Start, io, median, paired, print_runs, timed};
+
+/// The goal for `latest()` over 1,000 checkpoints on the local backend.
+const LATEST_GOAL: Duration = Duration::from_millis(50);
+
+pub fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
+    let dir = b.dir.join("lifecycle");
+    std::fs::create_dir_all(&dir).map_err(io("creating the lifecycle directory"))?;
+    let storage: Arc<dyn weightbay::Storage> = Arc::new(LocalStorage::new(&dir));
+    let bytes = b.big.bytes();
+    if b.args.wants("background save") {
+        let checkpoints = Checkpoints::over(Arc::clone(&storage), "background");
+        let big = &b.big;
+        let step = std::cell::Cell::new(0u64);
+        let next = || {
+            step.set(step.get() + 1);
+            step.get()
+        };
+        let writer = || Writer::new(big.ours()).with_durability(Durability::Durable);
+        // Blocked: from the call until it returns; the save then runs on until `wait`.
+        let blocked = std::cell::RefCell::new(Vec::new());
+        let (background, synchronous) = paired(
+            b.table.runs,
+            Start::Emptied,
+            || {
+                let start = Instant::now();
+                let handle =
+                    checkpoints.save_in_background(next(), writer(), SaveOptions::default())?;
+                blocked.borrow_mut().push(start.elapsed());
+                handle.wait()?;
+                let total = start.elapsed();
+                checkpoints.retain(&Retention::keep_last(1))?;
+                Ok(total)
+            },
+            || {
+                let total = timed(|| checkpoints.save(next(), writer()).map(drop))?;
+                checkpoints.retain(&Retention::keep_last(1))?;
+                Ok(total)
+            },
+        )?;
+        let blocked = blocked.into_inner();
+        print_runs(&blocked, &[synchronous]);
+        b.table.push(Row {
+            case: "checkpoint background save: time the caller is blocked".to_owned(),
+            ours: median(blocked),
+            peer: Some((
+                "a synchronous durable save (time, not throughput)".to_owned(),
+                synchronous,
+            )),
+            bytes: 0,
+        });
+        b.table.push(Row {
+            case: "checkpoint background save, start to committed (durable)".to_owned(),
+            ours: background,
+            peer: Some(("Checkpoints::save, synchronous".to_owned(), synchronous)),
+            bytes,
+        });
+    }
+    if b.args.wants("latest") {
+        let checkpoints = Checkpoints::over(Arc::clone(&storage), "thousand");
+        if checkpoints.steps()?.len() < 1000 {
+            for step in 1..=1000 {
+                let tensor = Tensor::new("w", DType::U8, [16], vec![step as u8; 16]);
+                checkpoints.save(step, Writer::new(vec![tensor]))?;
+            }
+        }
+        let times = (0..b.table.runs.max(5))
+            .map(|_| {
+                timed(|| {
+                    let latest = checkpoints.latest()?;
+                    black_box(latest);
+                    Ok(())
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        print_runs(&times, &vec![LATEST_GOAL; times.len()]);
+        b.table.push(Row {
+            case: "checkpoint latest() among 1,000, local".to_owned(),
+            ours: median(times),
+            peer: Some((
+                "the 50 ms goal (time, not throughput)".to_owned(),
+                LATEST_GOAL,
+            )),
+            bytes: 0,
+        });
+    }
+    if b.args.wants("checkpoint verify") {
+        let checkpoints = Checkpoints::over(Arc::clone(&storage), "verify");
+        let checkpoint = match checkpoints.latest()? {
+            Some(checkpoint) => checkpoint,
+            None => {
+                let writer = Writer::new(b.big.ours()).with_format(Format::Safetensors);
+                checkpoints.save(1, writer)?;
+                checkpoints.open(1)?
+            }
+        };
+        let container = &checkpoint.record().containers[0];
+        let path = dir.join(checkpoint.dir()).join(&container.key);
+        let resident = std::fs::read(&path).map_err(io("reading the checkpoint"))?;
+        b.table.compare(
+            Start::Cached,
+            "checkpoint verify, 2 GiB safetensors (page cache)",
+            container.len,
+            "CRC32C of the same bytes in memory, one core",
+            || checkpoint.verify().map(drop),
+            || {
+                black_box(crc_fast::checksum(
+                    crc_fast::CrcAlgorithm::Crc32Iscsi,
+                    &resident,
+                ));
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}
