@@ -49,7 +49,7 @@ use crate::background::Background;
 use crate::format::trailer::{crc32c_append, crc32c_combine};
 use crate::sharded::ShardedWriter;
 use crate::storage::{
-    CreateOptions, Durability, Listed, Sink, Source, Storage, WriteMode, unique_token,
+    CreateOptions, Durability, Listed, Sink, Source, Storage, WriteMode, unique_token, write_new,
 };
 use crate::weights::{ShardedWeights, WeightSource};
 use crate::{Error, ErrorKind, Reader, Result, Writer};
@@ -93,6 +93,35 @@ pub struct ContainerRecord {
     pub len: u64,
     /// CRC32C (Castagnoli) of all its bytes.
     pub crc32c: u32,
+}
+
+impl ContainerRecord {
+    /// Fails with [`ErrorKind::Corrupt`], naming `key`, unless `len` is the recorded length.
+    fn check_len(&self, len: u64, key: &str) -> Result<()> {
+        if len == self.len {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("holds {len} bytes, the commit record says {}", self.len),
+        )
+        .with_key(key))
+    }
+
+    /// Fails with [`ErrorKind::Corrupt`], naming `key`, unless `crc` is the recorded CRC32C.
+    fn check_crc(&self, crc: u32, key: &str) -> Result<()> {
+        if crc == self.crc32c {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "CRC32C {crc:08x}, the commit record says {:08x}",
+                self.crc32c
+            ),
+        )
+        .with_key(key))
+    }
 }
 
 /// How a checkpoint is saved, beyond what its [`Writer`] says (format, durability, trailer).
@@ -897,28 +926,9 @@ impl Checkpoint {
         for container in &self.record.containers {
             let key = self.key(&container.key);
             let source = self.storage.open(&key).map_err(|e| e.with_key(&key))?;
-            if source.len() != container.len {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "holds {} bytes, the commit record says {}",
-                        source.len(),
-                        container.len
-                    ),
-                )
-                .with_key(&key));
-            }
+            container.check_len(source.len(), &key)?;
             let crc = crc_of(source.as_ref()).map_err(|e| e.with_key(&key))?;
-            if crc != container.crc32c {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "CRC32C {crc:08x}, the commit record says {:08x}",
-                        container.crc32c
-                    ),
-                )
-                .with_key(&key));
-            }
+            container.check_crc(crc, &key)?;
             bytes += container.len;
         }
         Ok(CheckpointReport {
@@ -942,17 +952,7 @@ fn copy_checked(
         .storage
         .open(&from)
         .map_err(|e| e.with_key(&from))?;
-    if source.len() != container.len {
-        return Err(Error::new(
-            ErrorKind::Corrupt,
-            format!(
-                "holds {} bytes, the commit record says {}",
-                source.len(),
-                container.len
-            ),
-        )
-        .with_key(&from));
-    }
+    container.check_len(source.len(), &from)?;
     let options = CreateOptions::default()
         .with_mode(WriteMode::Overwrite)
         .with_durability(durability)
@@ -964,16 +964,7 @@ fn copy_checked(
         sink.write(window)
     })
     .map_err(|e| e.with_key(key))?;
-    if crc != container.crc32c {
-        return Err(Error::new(
-            ErrorKind::Corrupt,
-            format!(
-                "CRC32C {crc:08x}, the commit record says {:08x}",
-                container.crc32c
-            ),
-        )
-        .with_key(&from));
-    }
+    container.check_crc(crc, &from)?;
     sink.commit()
         .map_err(|e| e.with_operation("commit").with_key(key))
 }
@@ -1023,6 +1014,7 @@ fn for_each_window(
     let mut window = vec![0; VERIFY_WINDOW.min(range.end - range.start) as usize];
     let mut offset = range.start;
     while offset < range.end {
+        // At most the window's length: both are capped by VERIFY_WINDOW and the range.
         let len = (range.end - offset).min(VERIFY_WINDOW) as usize;
         let chunk = &mut window[..len];
         source.read_at(offset, chunk)?;
@@ -1207,21 +1199,6 @@ impl Sink for RecordingSink {
             .push((key, len, crc));
         Ok(())
     }
-}
-
-/// Writes `body` to `key` with create-new.
-fn write_new(storage: &dyn Storage, key: &str, body: &[u8], durability: Durability) -> Result<()> {
-    let options = CreateOptions::default()
-        .with_mode(WriteMode::CreateNew)
-        .with_durability(durability)
-        .with_expected_len(body.len() as u64);
-    let mut sink = storage
-        .create(key, &options)
-        .map_err(|e| e.with_operation("create").with_key(key))?;
-    sink.write(body)
-        .map_err(|e| e.with_operation("write").with_key(key))?;
-    sink.commit()
-        .map_err(|e| e.with_operation("commit").with_key(key))
 }
 
 /// Deletes `key`; one already gone is fine.

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::storage::{CreateOptions, Storage, WriteMode, unique_token};
+use crate::storage::{Storage, WriteMode, unique_token, write_new};
 use crate::{Error, Result, Tensor, Writer};
 
 /// Writes a checkpoint as shards of about `shard_len` bytes plus an index. Every shard is
@@ -141,17 +141,7 @@ impl ShardedWriter {
         });
         let bytes =
             serde_json::to_vec_pretty(&body).map_err(|e| Error::invalid(format!("index: {e}")))?;
-        let options = CreateOptions::default()
-            .with_mode(WriteMode::CreateNew)
-            .with_durability(settings.durability())
-            .with_expected_len(bytes.len() as u64);
-        let mut sink = storage
-            .create(&index, &options)
-            .map_err(|e| e.with_operation("create").with_key(&index))?;
-        sink.write(&bytes)
-            .map_err(|e| e.with_operation("write").with_key(&index))?;
-        sink.commit()
-            .map_err(|e| e.with_operation("commit").with_key(&index))?;
+        write_new(storage, &index, &bytes, settings.durability())?;
         Ok(ShardedSummary {
             index,
             shards,

@@ -562,6 +562,31 @@ pub struct Listed {
     pub len: u64,
 }
 
+/// Writes `body`, a small file such as an index or a commit record, to `key` with create-new:
+/// it appears whole, and only if the key was free.
+///
+/// # Errors
+/// [`ErrorKind::AlreadyExists`] when the key is taken; the storage's errors, naming the key
+/// and the operation.
+pub fn write_new<S: Storage + ?Sized>(
+    storage: &S,
+    key: &str,
+    body: &[u8],
+    durability: Durability,
+) -> Result<()> {
+    let options = CreateOptions::default()
+        .with_mode(WriteMode::CreateNew)
+        .with_durability(durability)
+        .with_expected_len(body.len() as u64);
+    let mut sink = storage
+        .create(key, &options)
+        .map_err(|e| e.with_operation("create").with_key(key))?;
+    sink.write(body)
+        .map_err(|e| e.with_operation("write").with_key(key))?;
+    sink.commit()
+        .map_err(|e| e.with_operation("commit").with_key(key))
+}
+
 /// Checks a listing prefix: empty, or a valid key.
 ///
 /// # Errors
