@@ -12,7 +12,7 @@ use crate::format::{Format, Layout, burnpack, safetensors, trailer};
 pub use crate::format::{ReadOptions, TensorInfo, Validation};
 use crate::storage::{Source, Storage, read_at_parallel};
 use crate::writer::WRITE_CHUNK_LEN;
-use crate::{Bytes, DType, Error, ErrorKind, Result, Scalar, Tensor, Writer};
+use crate::{AllocationController, Bytes, DType, Error, ErrorKind, Result, Scalar, Tensor, Writer};
 
 /// How much of a container `open` reads in its first request: enough for the header and the
 /// metadata of typical containers, so an object store answers both with one GET.
@@ -329,6 +329,30 @@ impl Reader {
         self.source
             .read_at(range.start, buf)
             .map_err(|e| e.with_tensor(name))
+    }
+
+    /// Reads a tensor into an allocation the caller's runtime made (pinned host memory a GPU
+    /// runtime allocated for staging, an arena block), through its
+    /// [`memory_mut`](AllocationController::memory_mut): as [`read_into`](Self::read_into),
+    /// with no intermediate copy on file and object-store sources.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] when the allocation lends no writable host memory (device
+    /// memory: stage it through host memory) or has another length; as
+    /// [`read_into`](Self::read_into).
+    pub fn read_into_allocation(
+        &self,
+        name: &str,
+        allocation: &mut dyn AllocationController,
+    ) -> Result<()> {
+        let property = allocation.property();
+        let buf = allocation.memory_mut().ok_or_else(|| {
+            Error::invalid(format!(
+                "the {property:?} allocation lends no writable host memory"
+            ))
+            .with_tensor(name)
+        })?;
+        self.read_into(name, buf)
     }
 
     /// The range of tensor `name`, checked to fit `buf` exactly.

@@ -529,6 +529,75 @@ fn load_load_all_and_read_into_agree_with_read() {
     );
 }
 
+/// Pinned host memory as a GPU runtime would lend it: its own allocation, written in place.
+#[derive(Debug)]
+struct PinnedStaging(Vec<u8>);
+
+impl weightbay::AllocationController for PinnedStaging {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn alignment(&self) -> usize {
+        1
+    }
+    fn property(&self) -> weightbay::AllocationProperty {
+        weightbay::AllocationProperty::Pinned
+    }
+    fn memory(&self, _: weightbay::AccessPolicy) -> weightbay::Result<&[u8]> {
+        Ok(&self.0)
+    }
+    fn memory_mut(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.0)
+    }
+}
+
+/// Device memory: nothing the host can write.
+#[derive(Debug)]
+struct DeviceOnly;
+
+impl weightbay::AllocationController for DeviceOnly {
+    fn len(&self) -> usize {
+        16
+    }
+    fn alignment(&self) -> usize {
+        256
+    }
+    fn property(&self) -> weightbay::AllocationProperty {
+        weightbay::AllocationProperty::Device
+    }
+    fn memory(&self, _: weightbay::AccessPolicy) -> weightbay::Result<&[u8]> {
+        Err(weightbay::Error::unsupported("device memory"))
+    }
+}
+
+#[test]
+fn read_into_allocation_writes_the_callers_memory_in_place() {
+    let reader = Reader::from_bytes(
+        Writer::new(vec![Tensor::new(
+            "a",
+            DType::U8,
+            [16],
+            (0..16).collect::<Vec<u8>>(),
+        )])
+        .into_bytes()
+        .unwrap(),
+    )
+    .unwrap();
+    let mut pinned = PinnedStaging(vec![0; 16]);
+    let address = pinned.0.as_ptr();
+    reader.read_into_allocation("a", &mut pinned).unwrap();
+    assert_eq!(pinned.0, (0..16).collect::<Vec<u8>>());
+    assert_eq!(pinned.0.as_ptr(), address, "in place");
+    let err = reader
+        .read_into_allocation("a", &mut DeviceOnly)
+        .unwrap_err();
+    assert_eq!(
+        (err.kind(), err.tensor()),
+        (ErrorKind::InvalidInput, Some("a"))
+    );
+    assert!(err.to_string().contains("Device"), "{err}");
+}
+
 /// Many tensors into caller buffers, checked before anything is read, on one thread or several.
 #[test]
 fn read_many_into_fills_every_buffer() {
