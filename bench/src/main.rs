@@ -3,6 +3,7 @@
 //! docs/BENCHMARKS.md lists the cases and the figures. Not part of any installed program: the
 //! peers are this crate's dependencies only.
 
+mod candle;
 mod lifecycle;
 mod remote;
 mod stall;
@@ -507,6 +508,7 @@ const CASES: &[Case] = &[
         &["background save", "latest", "checkpoint verify"],
         lifecycle::lifecycle_cases,
     ),
+    (&["candle"], candle::candle_cases),
 ];
 
 fn run(args: &Args) -> Result<()> {

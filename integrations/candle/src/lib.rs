@@ -1,0 +1,247 @@
+//! candle models load from and save to any weightbay storage: local files, memory maps,
+//! `s3://`, `gs://`, `memory://`.
+//!
+//! Loading goes through candle's own `VarBuilder` with a [`WeightbayBackend`] over any
+//! [`WeightSource`] (a [`Reader`](weightbay::Reader) over one container, or a sharded set).
+//! Tensors are fetched when the model asks for them, one at a time, so a model built from
+//! part of a checkpoint reads only that part; over a memory map the bytes are not copied
+//! until candle creates its tensor. Saving streams a `VarMap` (or any named tensors) as
+//! deferred tensors: each is read back from its device only when the writer reaches it.
+//!
+//! ```
+//! use candle_core::{DType, Device, Module, Tensor};
+//! use candle_nn::{VarBuilder, VarMap};
+//! use weightbay::{MemoryStorage, Reader};
+//! use weightbay_candle::{WeightbayBackend, save_var_map};
+//!
+//! let device = Device::Cpu;
+//! let varmap = VarMap::new();
+//! let layer = candle_nn::linear(4, 2, VarBuilder::from_varmap(&varmap, DType::F32, &device))?;
+//! let storage = MemoryStorage::new();
+//! save_var_map(&varmap, weightbay::format::Format::Safetensors, &storage, "model.safetensors")?;
+//!
+//! let reader = Reader::open_key(&storage, "model.safetensors")?;
+//! let vb = VarBuilder::from_backend(Box::new(WeightbayBackend::new(reader)), DType::F32, device.clone());
+//! let loaded = candle_nn::linear(4, 2, vb)?;
+//! let x = Tensor::ones((1, 4), DType::F32, &device)?;
+//! assert_eq!(layer.forward(&x)?.to_vec2::<f32>()?, loaded.forward(&x)?.to_vec2::<f32>()?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![warn(missing_docs)]
+
+use candle_core::{DType as CandleDType, Device, Shape, Tensor as CandleTensor};
+use candle_nn::var_builder::SimpleBackend;
+use weightbay::format::Format;
+use weightbay::weights::{StoredTensor, WeightSource};
+use weightbay::{AccessPolicy, Bytes, DType, Error, ErrorKind, Storage, Tensor, Writer};
+
+/// A candle `VarBuilder` backend over a weightbay [`WeightSource`]:
+/// `VarBuilder::from_backend(Box::new(WeightbayBackend::new(reader)), dtype, device)`.
+#[derive(Debug)]
+pub struct WeightbayBackend<W> {
+    weights: W,
+}
+
+impl<W: WeightSource + Send + Sync> WeightbayBackend<W> {
+    /// A backend that loads from `weights`.
+    pub fn new(weights: W) -> Self {
+        Self { weights }
+    }
+
+    /// Tensor `name` as stored, on `device`.
+    fn load(&self, name: &str, device: &Device) -> candle_core::Result<CandleTensor> {
+        let stored = self
+            .weights
+            .stored_tensor(name)
+            .map_err(candle_core::Error::wrap)?
+            .ok_or_else(|| {
+                candle_core::Error::CannotFindTensor {
+                    path: name.to_owned(),
+                }
+                .bt()
+            })?;
+        to_candle(name, &stored, device).map_err(candle_core::Error::wrap)
+    }
+}
+
+/// Builds a candle tensor from a stored one: the bytes are read in place where the source
+/// holds them (a map, memory) and copied once, by candle, into its tensor.
+fn to_candle(
+    name: &str,
+    stored: &StoredTensor,
+    device: &Device,
+) -> weightbay::Result<CandleTensor> {
+    let dtype = candle_dtype(&stored.dtype).map_err(|e| e.with_tensor(name))?;
+    let shape: Vec<usize> = stored
+        .shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::LimitExceeded,
+                "a dimension does not fit in memory",
+            )
+        })?;
+    let data = stored.bytes.read(AccessPolicy::AllowCopy)?;
+    CandleTensor::from_raw_buffer(data, dtype, &shape, device)
+        .map_err(|e| Error::invalid(format!("candle refused the tensor: {e}")).with_tensor(name))
+}
+
+/// candle's name for a weightbay dtype.
+fn candle_dtype(dtype: &DType) -> weightbay::Result<CandleDType> {
+    Ok(match dtype {
+        DType::F64 => CandleDType::F64,
+        DType::F32 => CandleDType::F32,
+        DType::F16 => CandleDType::F16,
+        DType::BF16 => CandleDType::BF16,
+        DType::I64 => CandleDType::I64,
+        DType::I32 => CandleDType::I32,
+        DType::I16 => CandleDType::I16,
+        DType::U32 => CandleDType::U32,
+        DType::U8 => CandleDType::U8,
+        other => {
+            return Err(Error::unsupported(format!("candle has no {other} tensors")));
+        }
+    })
+}
+
+/// weightbay's name for a candle dtype.
+fn weightbay_dtype(dtype: CandleDType) -> weightbay::Result<DType> {
+    Ok(match dtype {
+        CandleDType::F64 => DType::F64,
+        CandleDType::F32 => DType::F32,
+        CandleDType::F16 => DType::F16,
+        CandleDType::BF16 => DType::BF16,
+        CandleDType::I64 => DType::I64,
+        CandleDType::I32 => DType::I32,
+        CandleDType::I16 => DType::I16,
+        CandleDType::U32 => DType::U32,
+        CandleDType::U8 => DType::U8,
+        other => {
+            return Err(Error::unsupported(format!(
+                "weightbay cannot store candle's {other:?} tensors"
+            )));
+        }
+    })
+}
+
+impl<W: WeightSource + Send + Sync> SimpleBackend for WeightbayBackend<W> {
+    fn get(
+        &self,
+        shape: Shape,
+        name: &str,
+        _: candle_nn::Init,
+        dtype: CandleDType,
+        device: &Device,
+    ) -> candle_core::Result<CandleTensor> {
+        let tensor = self.load(name, device)?;
+        if tensor.shape() != &shape {
+            return Err(candle_core::Error::UnexpectedShape {
+                msg: format!("shape mismatch for {name}"),
+                expected: shape,
+                got: tensor.shape().clone(),
+            }
+            .bt());
+        }
+        tensor.to_dtype(dtype)
+    }
+
+    fn get_unchecked(
+        &self,
+        name: &str,
+        dtype: CandleDType,
+        device: &Device,
+    ) -> candle_core::Result<CandleTensor> {
+        self.load(name, device)?.to_dtype(dtype)
+    }
+
+    fn contains_tensor(&self, name: &str) -> bool {
+        // Lazy sources hand out a lazy region: asking fetches no tensor bytes.
+        self.weights.stored_tensor(name).is_ok_and(|t| t.is_some())
+    }
+}
+
+/// Saves a candle `VarMap` to `key` of `storage`, in `format` (see [`save_tensors`]).
+///
+/// # Errors
+/// As [`save_tensors`].
+pub fn save_var_map<S: Storage + ?Sized>(
+    varmap: &candle_nn::VarMap,
+    format: Format,
+    storage: &S,
+    key: &str,
+) -> weightbay::Result<weightbay::WriteSummary> {
+    let data = varmap
+        .data()
+        .lock()
+        .map_err(|_| Error::new(ErrorKind::Io, "the VarMap's lock is poisoned"))?;
+    let tensors: Vec<(String, CandleTensor)> = data
+        .iter()
+        .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
+        .collect();
+    drop(data);
+    save_tensors(tensors, format, storage, key)
+}
+
+/// Saves named candle tensors to `key` of `storage`, in `format`, sorted by name. Each tensor
+/// is a deferred weightbay tensor: copied to the host (from a GPU, say) only when the writer
+/// reaches it, and dropped before the next, so memory holds one tensor beyond the model.
+///
+/// # Errors
+/// [`ErrorKind::Unsupported`] for a dtype weightbay cannot store (the F8 and F4 kinds);
+/// candle's error reading a tensor back; the writer's and storage's errors.
+pub fn save_tensors<S: Storage + ?Sized>(
+    mut tensors: Vec<(String, CandleTensor)>,
+    format: Format,
+    storage: &S,
+    key: &str,
+) -> weightbay::Result<weightbay::WriteSummary> {
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    let tensors = tensors
+        .into_iter()
+        .map(|(name, tensor)| {
+            let dtype = weightbay_dtype(tensor.dtype()).map_err(|e| e.with_tensor(&name))?;
+            let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
+            let len = (tensor.elem_count() * tensor.dtype().size_in_bytes()) as u64;
+            let reported = name.clone();
+            Ok(Tensor::deferred(name, dtype, shape, len, move || {
+                host_bytes(&tensor).map_err(|e| {
+                    Error::new(ErrorKind::Io, format!("reading the tensor back: {e}"))
+                        .with_tensor(&reported)
+                })
+            }))
+        })
+        .collect::<weightbay::Result<Vec<_>>>()?;
+    Writer::new(tensors)
+        .with_format(format)
+        .write_to(storage, key)
+}
+
+/// A candle tensor's elements as little-endian bytes, in row-major order, on the host.
+fn host_bytes(tensor: &CandleTensor) -> candle_core::Result<Bytes> {
+    fn le<T, const N: usize>(values: Vec<T>, to_le: impl Fn(T) -> [u8; N]) -> Bytes {
+        values
+            .into_iter()
+            .flat_map(to_le)
+            .collect::<Vec<u8>>()
+            .into()
+    }
+    let flat = tensor.flatten_all()?;
+    Ok(match tensor.dtype() {
+        CandleDType::U8 => flat.to_vec1::<u8>()?.into(),
+        CandleDType::U32 => le(flat.to_vec1::<u32>()?, u32::to_le_bytes),
+        CandleDType::I16 => le(flat.to_vec1::<i16>()?, i16::to_le_bytes),
+        CandleDType::I32 => le(flat.to_vec1::<i32>()?, i32::to_le_bytes),
+        CandleDType::I64 => le(flat.to_vec1::<i64>()?, i64::to_le_bytes),
+        CandleDType::F16 => le(flat.to_vec1::<half::f16>()?, half::f16::to_le_bytes),
+        CandleDType::BF16 => le(flat.to_vec1::<half::bf16>()?, half::bf16::to_le_bytes),
+        CandleDType::F32 => le(flat.to_vec1::<f32>()?, f32::to_le_bytes),
+        CandleDType::F64 => le(flat.to_vec1::<f64>()?, f64::to_le_bytes),
+        other => {
+            return Err(candle_core::Error::Msg(format!(
+                "weightbay cannot store candle's {other:?} tensors"
+            )));
+        }
+    })
+}

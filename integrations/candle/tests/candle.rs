@@ -1,0 +1,226 @@
+//! candle models saved and loaded through weightbay, against candle's own safetensors loader.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::{Linear, VarBuilder, VarMap};
+use weightbay::format::Format;
+use weightbay::{CreateOptions, Reader, Sink, Source, Storage};
+use weightbay_candle::{WeightbayBackend, save_tensors, save_var_map};
+use weightbay_local::LocalStorage;
+use weightbay_mmap::MmapStorage;
+
+/// A small MLP: 64 → 256 → 32.
+struct Mlp {
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn new(vb: VarBuilder) -> candle_core::Result<Self> {
+        Ok(Self {
+            up: candle_nn::linear(64, 256, vb.pp("up"))?,
+            down: candle_nn::linear(256, 32, vb.pp("down"))?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.down.forward(&self.up.forward(x)?.relu()?)
+    }
+}
+
+fn input() -> Tensor {
+    Tensor::arange(0f32, 128.0, &Device::Cpu)
+        .unwrap()
+        .reshape((2, 64))
+        .unwrap()
+        .affine(0.01, -0.5)
+        .unwrap()
+}
+
+fn outputs(model: &Mlp) -> Vec<Vec<f32>> {
+    model.forward(&input()).unwrap().to_vec2::<f32>().unwrap()
+}
+
+/// A freshly initialised model and its variables.
+fn trained() -> (VarMap, Mlp) {
+    let varmap = VarMap::new();
+    let model = Mlp::new(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    (varmap, model)
+}
+
+fn through_weightbay(reader: Reader) -> Mlp {
+    let backend = WeightbayBackend::new(reader);
+    Mlp::new(VarBuilder::from_backend(
+        Box::new(backend),
+        DType::F32,
+        Device::Cpu,
+    ))
+    .unwrap()
+}
+
+#[test]
+fn saved_by_weightbay_loads_in_candle_and_through_weightbay_over_mmap_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let (varmap, model) = trained();
+    save_var_map(
+        &varmap,
+        Format::Safetensors,
+        &LocalStorage::new(dir.path()),
+        "mlp.safetensors",
+    )
+    .unwrap();
+    let path = dir.path().join("mlp.safetensors");
+    // SAFETY: the file is not modified while mapped.
+    let candles_own =
+        unsafe { VarBuilder::from_mmaped_safetensors(&[&path], DType::F32, &Device::Cpu).unwrap() };
+    let by_candle = Mlp::new(candles_own).unwrap();
+    let mapped = MmapStorage::new(dir.path());
+    let by_weightbay = through_weightbay(Reader::open_key(&mapped, "mlp.safetensors").unwrap());
+    assert_eq!(outputs(&by_candle), outputs(&model));
+    assert_eq!(outputs(&by_weightbay), outputs(&model));
+}
+
+#[test]
+fn saved_by_candle_loads_through_weightbay_and_burnpack_works_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (varmap, model) = trained();
+    let tensors: HashMap<String, Tensor> = varmap
+        .data()
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+        .collect();
+    candle_core::safetensors::save(&tensors, dir.path().join("candle.safetensors")).unwrap();
+    let local = LocalStorage::new(dir.path());
+    let loaded = through_weightbay(Reader::open_key(&local, "candle.safetensors").unwrap());
+    assert_eq!(outputs(&loaded), outputs(&model));
+
+    save_tensors(
+        tensors.into_iter().collect(),
+        Format::Burnpack,
+        &local,
+        "mlp.bpk",
+    )
+    .unwrap();
+    let reader = Reader::open_key(&local, "mlp.bpk").unwrap();
+    reader.verify().unwrap();
+    assert_eq!(outputs(&through_weightbay(reader)), outputs(&model));
+}
+
+#[test]
+fn a_missing_or_misshapen_tensor_is_candles_usual_error() {
+    let storage = weightbay::MemoryStorage::new();
+    let (varmap, _) = trained();
+    save_var_map(&varmap, Format::Burnpack, &storage, "m.bpk").unwrap();
+    let vb = VarBuilder::from_backend(
+        Box::new(WeightbayBackend::new(
+            Reader::open_key(&storage, "m.bpk").unwrap(),
+        )),
+        DType::F32,
+        Device::Cpu,
+    );
+    assert!(vb.contains_tensor("up.weight") && !vb.contains_tensor("nope"));
+    let missing = candle_nn::linear(64, 256, vb.pp("nope")).err().unwrap();
+    assert!(missing.to_string().contains("nope.weight"), "{missing}");
+    let misshapen = candle_nn::linear(64, 128, vb.pp("up")).err().unwrap();
+    assert!(
+        misshapen
+            .to_string()
+            .contains("shape mismatch for up.weight"),
+        "{misshapen}"
+    );
+}
+
+/// A storage whose sources count the bytes read through them.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: weightbay::MemoryStorage,
+    read: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct CountingSource {
+    inner: Arc<dyn Source>,
+    read: Arc<AtomicU64>,
+}
+
+impl Source for CountingSource {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+        self.read.fetch_add(buf.len() as u64, Ordering::SeqCst);
+        self.inner.read_at(offset, buf)
+    }
+    fn fetch(&self, ranges: &[Range<u64>]) -> weightbay::Result<Vec<weightbay::Bytes>> {
+        let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        self.read.fetch_add(total, Ordering::SeqCst);
+        self.inner.fetch(ranges)
+    }
+}
+
+impl Storage for Counting {
+    fn capabilities(&self) -> weightbay::Capabilities {
+        weightbay::Capabilities::NONE
+    }
+    fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
+        self.inner.create(key, options)
+    }
+    fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
+        Ok(Arc::new(CountingSource {
+            inner: self.inner.open(key)?,
+            read: Arc::clone(&self.read),
+        }))
+    }
+    fn delete(&self, key: &str) -> weightbay::Result<()> {
+        self.inner.delete(key)
+    }
+}
+
+/// A model built from part of a checkpoint reads only that part.
+#[test]
+fn only_the_tensors_the_model_asks_for_are_read() {
+    let storage = Counting::default();
+    let (varmap, _) = trained();
+    save_var_map(&varmap, Format::Safetensors, &storage, "m.safetensors").unwrap();
+    let reader = Reader::open_key(&storage, "m.safetensors").unwrap();
+    let total = reader.len();
+    storage.read.store(0, Ordering::SeqCst);
+    let vb = VarBuilder::from_backend(
+        Box::new(WeightbayBackend::new(reader)),
+        DType::F32,
+        Device::Cpu,
+    );
+    let down = candle_nn::linear(256, 32, vb.pp("down")).unwrap();
+    let read = storage.read.load(Ordering::SeqCst);
+    let down_bytes = (256 * 32 + 32) * 4;
+    assert_eq!(read, down_bytes, "of {total} bytes");
+    drop(down);
+}
+
+/// Through the S3 server (moto) when one runs: saved there and loaded lazily from `s3://`.
+#[test]
+fn a_model_round_trips_through_s3() {
+    let Ok(url) = std::env::var("WEIGHTBAY_S3_URL") else {
+        assert!(
+            std::env::var("WEIGHTBAY_REQUIRE_SERVERS").as_deref() != Ok("1"),
+            "WEIGHTBAY_REQUIRE_SERVERS=1 but WEIGHTBAY_S3_URL is unset"
+        );
+        eprintln!("skipped: no S3 server (vars=$(scripts/servers.sh start s3) && eval \"$vars\")");
+        return;
+    };
+    let storage = weightbay_object_store::open_url(
+        &format!("{url}/candle-{}", std::process::id()),
+        std::iter::empty::<(&str, &str)>(),
+    )
+    .unwrap();
+    let (varmap, model) = trained();
+    save_var_map(&varmap, Format::Safetensors, &storage, "mlp.safetensors").unwrap();
+    let loaded = through_weightbay(Reader::open_key(&storage, "mlp.safetensors").unwrap());
+    assert_eq!(outputs(&loaded), outputs(&model));
+}
