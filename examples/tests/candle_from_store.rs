@@ -24,12 +24,7 @@ fn a_candle_model_loads_alike_from_local_files() {
 
 #[test]
 fn a_candle_model_loads_alike_from_the_s3_server() {
-    let Ok(url) = std::env::var("WEIGHTBAY_S3_URL") else {
-        assert!(
-            std::env::var("WEIGHTBAY_REQUIRE_SERVERS").as_deref() != Ok("1"),
-            "WEIGHTBAY_REQUIRE_SERVERS=1 but WEIGHTBAY_S3_URL is unset"
-        );
-        eprintln!("skipped: no S3 server (vars=$(scripts/servers.sh start s3) && eval \"$vars\")");
+    let Some(url) = weightbay_conformance::s3_url() else {
         return;
     };
     run(&format!(

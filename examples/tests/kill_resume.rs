@@ -81,12 +81,7 @@ fn killed_at_random_moments_it_resumes_to_the_same_weights_on_local_files() {
 
 #[test]
 fn killed_at_random_moments_it_resumes_to_the_same_weights_on_the_s3_server() {
-    let Ok(url) = std::env::var("WEIGHTBAY_S3_URL") else {
-        assert!(
-            std::env::var("WEIGHTBAY_REQUIRE_SERVERS").as_deref() != Ok("1"),
-            "WEIGHTBAY_REQUIRE_SERVERS=1 but WEIGHTBAY_S3_URL is unset"
-        );
-        eprintln!("skipped: no S3 server (vars=$(scripts/servers.sh start s3) && eval \"$vars\")");
+    let Some(url) = weightbay_conformance::s3_url() else {
         return;
     };
     let run = format!("{url}/kill-resume-{}", std::process::id());
