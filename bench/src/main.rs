@@ -3,6 +3,7 @@
 //! docs/BENCHMARKS.md lists the cases and the figures. Not part of any installed program: the
 //! peers are this crate's dependencies only.
 
+mod burn;
 mod candle;
 mod lifecycle;
 mod remote;
@@ -509,6 +510,7 @@ const CASES: &[Case] = &[
         lifecycle::lifecycle_cases,
     ),
     (&["candle"], candle::candle_cases),
+    (&["burn"], burn::burn_cases),
 ];
 
 fn run(args: &Args) -> Result<()> {

@@ -1,0 +1,156 @@
+//! burn modules through weightbay, against burn's own BurnpackStore: byte identity both ways,
+//! cross-loading, other storages and formats, partial loads.
+
+use burn_core as burn;
+
+use std::sync::Arc;
+
+use burn_core::module::Module;
+use burn_core::tensor::Device;
+use burn_nn::{Linear, LinearConfig};
+use burn_store::{BurnpackStore, ModuleSnapshot, ModuleStore};
+use weightbay::format::Format;
+use weightbay::{MemoryStorage, Storage};
+use weightbay_burn::WeightbayStore;
+
+#[derive(Module, Debug)]
+struct Mlp {
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn new(device: &Device) -> Self {
+        Self {
+            up: LinearConfig::new(64, 256).init(device),
+            down: LinearConfig::new(256, 32).init(device),
+        }
+    }
+}
+
+/// Every parameter's data, to compare two modules.
+fn parameters(model: &Mlp) -> Vec<burn_core::tensor::TensorData> {
+    [&model.up, &model.down]
+        .into_iter()
+        .flat_map(|layer| {
+            let mut data = vec![layer.weight.val().into_data()];
+            data.extend(layer.bias.as_ref().map(|b| b.val().into_data()));
+            data
+        })
+        .collect()
+}
+
+fn stored(storage: &dyn Storage, key: &str) -> Vec<u8> {
+    let source = storage.open(key).unwrap();
+    let mut bytes = vec![0; source.len() as usize];
+    source.read_at(0, &mut bytes).unwrap();
+    bytes
+}
+
+/// What burn's own store writes for `model`.
+fn burns_bytes(model: &Mlp) -> Vec<u8> {
+    let mut store = BurnpackStore::from_bytes(None);
+    model.save_into(&mut store).unwrap();
+    store.get_bytes().unwrap().to_vec()
+}
+
+#[test]
+fn the_burnpack_weightbay_writes_is_the_one_burn_writes() {
+    let model = Mlp::new(&Default::default());
+    let storage = Arc::new(MemoryStorage::new());
+    model
+        .save_into(&mut WeightbayStore::new(storage.clone(), "mlp.bpk"))
+        .unwrap();
+    let ours = stored(storage.as_ref(), "mlp.bpk");
+    assert!(ours == burns_bytes(&model), "the containers differ");
+}
+
+#[test]
+fn each_loads_what_the_other_wrote() {
+    let device = Default::default();
+    let model = Mlp::new(&device);
+
+    // burn's bytes, loaded through weightbay.
+    let storage = Arc::new(MemoryStorage::new());
+    let mut sink = storage
+        .create("burn.bpk", &weightbay::CreateOptions::default())
+        .unwrap();
+    sink.write(&burns_bytes(&model)).unwrap();
+    sink.commit().unwrap();
+    let mut fresh = Mlp::new(&device);
+    let result = fresh
+        .load_from(&mut WeightbayStore::new(storage.clone(), "burn.bpk"))
+        .unwrap();
+    assert!(result.is_success(), "{result:?}");
+    assert_eq!(parameters(&fresh), parameters(&model));
+
+    // weightbay's bytes (with the trailer, which burn's reader skips), loaded by burn.
+    model
+        .save_into(&mut WeightbayStore::new(storage.clone(), "ours.bpk").with_trailer(true))
+        .unwrap();
+    let bytes = burn_std::Bytes::from_bytes_vec(stored(storage.as_ref(), "ours.bpk"));
+    let mut by_burn = Mlp::new(&device);
+    by_burn
+        .load_from(&mut BurnpackStore::from_bytes(Some(bytes)))
+        .unwrap();
+    assert_eq!(parameters(&by_burn), parameters(&model));
+}
+
+#[test]
+fn local_files_and_safetensors_round_trip() {
+    let device = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let local: Arc<dyn Storage> = Arc::new(weightbay_local::LocalStorage::new(dir.path()));
+    let model = Mlp::new(&device);
+    for (key, format) in [
+        ("mlp.bpk", Format::Burnpack),
+        ("mlp.safetensors", Format::Safetensors),
+    ] {
+        model
+            .save_into(&mut WeightbayStore::new(local.clone(), key).format(format))
+            .unwrap();
+        let mut fresh = Mlp::new(&device);
+        fresh
+            .load_from(&mut WeightbayStore::new(local.clone(), key))
+            .unwrap();
+        assert_eq!(parameters(&fresh), parameters(&model), "{key}");
+    }
+    // No overwrite unless asked, as burn's store.
+    let again = model.save_into(&mut WeightbayStore::new(local.clone(), "mlp.bpk"));
+    assert_eq!(
+        again.unwrap_err().kind(),
+        weightbay::ErrorKind::AlreadyExists
+    );
+    model
+        .save_into(&mut WeightbayStore::new(local, "mlp.bpk").overwrite(true))
+        .unwrap();
+}
+
+#[test]
+fn partial_loads_report_what_is_missing() {
+    let device = Default::default();
+    let storage = Arc::new(MemoryStorage::new());
+    let up_only = burn_store::PathFilter::new().with_regex(r"^up\.");
+    Mlp::new(&device)
+        .save_into(&mut WeightbayStore::new(storage.clone(), "up.bpk").with_filter(up_only))
+        .unwrap();
+    let mut fresh = Mlp::new(&device);
+    let error = fresh
+        .load_from(&mut WeightbayStore::new(storage.clone(), "up.bpk"))
+        .unwrap_err();
+    assert_eq!(error.kind(), weightbay::ErrorKind::NotFound, "{error}");
+    assert!(error.to_string().contains("down.weight"), "{error}");
+    let result = fresh
+        .load_from(&mut WeightbayStore::new(storage.clone(), "up.bpk").allow_partial(true))
+        .unwrap();
+    assert!(
+        result.applied.iter().any(|name| name == "up.weight"),
+        "{result:?}"
+    );
+    assert!(
+        result.missing.iter().any(|(name, _)| name == "down.weight"),
+        "{result:?}"
+    );
+    let mut store = WeightbayStore::new(storage, "up.bpk");
+    assert_eq!(store.keys().unwrap(), ["up.bias", "up.weight"]);
+}
