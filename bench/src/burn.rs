@@ -44,6 +44,26 @@ fn burn_error(e: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Io, e.to_string())
 }
 
+/// In a fresh process (`--rss-case burn` or `burn-peer`): the peak RSS a durable save of the
+/// 1 GiB module adds above the module itself, through weightbay-burn or burn's file store.
+pub fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
+    let model = layers(&Default::default());
+    // Parameters initialise lazily: make them resident first, so the save is measured alone.
+    touch(&model);
+    // Resets the peak to the current resident set (Linux): the model is counted out.
+    std::fs::write("/proc/self/clear_refs", "5")
+        .map_err(|e| Error::io("resetting the peak RSS", e))?;
+    let before = crate::rss("VmRSS:");
+    if case == "burn" {
+        let local: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir));
+        model.save_into(&mut WeightbayStore::new(local, "rss.bpk").overwrite(true))?;
+    } else {
+        let mut theirs = BurnpackStore::from_file(dir.join("rss-burn.bpk")).overwrite(true);
+        model.save_into(&mut theirs).map_err(burn_error)?;
+    }
+    Ok(crate::rss("VmHWM:").saturating_sub(before))
+}
+
 pub fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
     let device = Default::default();
     let model = layers(&device);
@@ -61,6 +81,15 @@ pub fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
         || model.save_into(&mut ours()),
         || model.save_into(&mut theirs()).map_err(burn_error),
     )?;
+    let (ours_rss, theirs_rss) = (
+        crate::rss_of("burn", 0, &dir)?,
+        crate::rss_of("burn-peer", 0, &dir)?,
+    );
+    println!(
+        "  peak RSS a durable save of the 1 GiB module adds above the module: weightbay-burn {} MiB, BurnpackStore {} MiB (bound: largest tensor 64 MiB + 16 MiB)",
+        ours_rss >> 20,
+        theirs_rss >> 20
+    );
     // Both load into modules made beforehand, so neither times the random initialisation.
     let mut into_ours = layers(&device);
     let into_theirs = std::cell::RefCell::new(layers(&device));
