@@ -394,6 +394,10 @@ fn rss_case(case: &str, size_mib: u64, dir: &Path) -> Result<()> {
         println!("{}", remote::copy_rss(tensors, dir)?);
         return Ok(());
     }
+    if case == "candle-s3" {
+        println!("{}", candle::s3_load_rss(tensors)?);
+        return Ok(());
+    }
     if case.starts_with("burn") {
         println!("{}", burn::save_rss(case, dir)?);
         return Ok(());
