@@ -6,7 +6,9 @@ use std::sync::{Arc, Barrier};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
-use weightbay::checkpoints::{Checkpoints, Retention, SaveOptions};
+use weightbay::checkpoints::{
+    Checkpoints, RankOutcome, RankSave, Region, Retention, SaveOptions, StepState,
+};
 use weightbay::format::Format;
 use weightbay::fs::FileSystem;
 use weightbay::sharded::ShardedWriter;
@@ -18,6 +20,7 @@ use weightbay::{WeightComponentSpec, WeightSource};
 
 use crate::alloc::CountingAllocator;
 use crate::model::{KEYS, Model, Op};
+use crate::ranked::SlicedModel;
 use crate::strategies::{self, ContainerSpec, sample};
 use crate::{FaultPlan, Faulty, FaultyFileSystem, Harness, SimulatedDisk, is_injected};
 
@@ -1643,6 +1646,273 @@ pub fn checkpoint_lifecycle<H: Harness>(harness: &H) -> Outcome {
         if stored.len() != record.record().containers.len() + 1 {
             fail!(case, "the losing saver left files behind: {stored:?}");
         }
+    }
+    Outcome::Checked
+}
+
+/// Multi-rank checkpoints on a backend that lists and creates new atomically: ranks commit
+/// exactly once without a coordinator, nobody sees the step complete before every rank's
+/// manifest is written, a restarted rank is idempotent, a second process running as a rank
+/// with other content is refused by name, two ranks that both see every manifest commit
+/// once, slices that overlap are refused, a save failing at any operation never leaves a
+/// damaged step, and every layout loads the same bytes.
+pub fn multi_rank_commit<H: Harness>(harness: &H) -> Outcome {
+    let case = "multi_rank_commit";
+    let storage = harness.fresh();
+    let capabilities = storage.capabilities();
+    if !capabilities.listing || !capabilities.atomic_create_new {
+        return Outcome::NotApplicable(
+            "the backend does not both list and create new atomically".into(),
+        );
+    }
+    let shared: Arc<dyn Storage> = Arc::new(harness.reopen(&storage));
+    let checkpoints = Checkpoints::over(Arc::clone(&shared), "ranked");
+    let world = 4u32;
+    let model = |step: u64| SlicedModel::small(step, 9 + step);
+    let save = |checkpoints: &Checkpoints, step: u64, rank: u32| {
+        let format = if step.is_multiple_of(2) {
+            Format::Safetensors
+        } else {
+            Format::Burnpack
+        };
+        let save = model(step).rank_save(rank, world, |t| Writer::new(t).with_format(format));
+        checkpoints.save_rank(step, save)
+    };
+    let stored = |context: &str| -> Vec<String> {
+        let mut keys: Vec<String> = shared
+            .list("ranked")
+            .unwrap_or_else(|e| fail!(case, "{context}: listing: {e}"))
+            .into_iter()
+            .map(|l| l.key)
+            .collect();
+        keys.sort();
+        keys
+    };
+    let check_loads = |step: u64, context: &str| {
+        let checkpoint = checkpoints
+            .open(step)
+            .unwrap_or_else(|e| fail!(case, "{context}: opening step {step}: {e}"));
+        if let Err(e) = checkpoint.verify() {
+            fail!(case, "{context}: step {step} does not verify: {e}");
+        }
+        let weights = checkpoint
+            .assembled()
+            .unwrap_or_else(|e| fail!(case, "{context}: step {step}: {e}"));
+        let model = model(step);
+        // Whole, and in the layouts of 1, 3 and 4 ranks split along every dimension.
+        for t in &model.tensors {
+            let mut regions = vec![Region::whole(&t.shape)];
+            for dim in 0..t.shape.len() {
+                for parts in [3, 4] {
+                    regions.extend((0..parts).map(|k| Region::split(&t.shape, dim, parts, k)));
+                }
+            }
+            for region in regions {
+                let read = weights
+                    .read_region(&t.name, &region)
+                    .and_then(|b| b.to_vec())
+                    .unwrap_or_else(|e| {
+                        fail!(
+                            case,
+                            "{context}: step {step}: reading {} {region:?}: {e}",
+                            t.name
+                        )
+                    });
+                if read != model.region_bytes(t, &region) {
+                    fail!(
+                        case,
+                        "{context}: step {step}: {} {region:?} differs",
+                        t.name
+                    );
+                }
+            }
+        }
+    };
+
+    // Ranks 0..2 finish: the step is not a checkpoint until rank 3 does.
+    for rank in 0..3 {
+        match save(&checkpoints, 1, rank) {
+            Ok(RankOutcome::Written { missing }) if missing.contains(&3) => {}
+            other => fail!(case, "rank {rank} of 4 alone: {other:?}"),
+        }
+    }
+    let status = checkpoints
+        .list()
+        .unwrap_or_else(|e| fail!(case, "listing: {e}"));
+    match status.as_slice() {
+        [s] if s.state == StepState::Uncommitted
+            && s.ranks.as_ref().is_some_and(|p| p.missing() == [3]) => {}
+        other => fail!(case, "with rank 3 missing, the steps list as {other:?}"),
+    }
+    if !matches!(checkpoints.latest(), Ok(None)) {
+        fail!(case, "a step missing rank 3 is the latest checkpoint");
+    }
+    // A second process running as rank 1 with other content is refused, by rank.
+    let before = stored("before the impostor");
+    let impostor = model(99).rank_save(1, world, Writer::new);
+    match checkpoints.save_rank(1, impostor) {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists && e.to_string().contains("rank 1") => {}
+        other => fail!(case, "a second rank 1 with other content: {other:?}"),
+    }
+    // A restart of rank 1 with the same content is fine; neither leaves anything behind.
+    match save(&checkpoints, 1, 1) {
+        Ok(RankOutcome::Written { .. }) => {}
+        other => fail!(case, "rank 1 restarted: {other:?}"),
+    }
+    if stored("after the restart") != before {
+        fail!(
+            case,
+            "a refused or repeated rank left files: {:?}",
+            stored("again")
+        );
+    }
+    match save(&checkpoints, 1, 3) {
+        Ok(RankOutcome::Committed(record)) if record.world_size == Some(world) => {}
+        other => fail!(case, "the last rank did not commit: {other:?}"),
+    }
+    check_loads(1, "after the last rank");
+    // Every rank restarting after the commit is told it is committed, and changes nothing.
+    let committed = stored("after the commit");
+    for rank in 0..world {
+        match save(&checkpoints, 1, rank) {
+            Ok(RankOutcome::CommittedByAnother(_)) => {}
+            other => fail!(case, "rank {rank} restarted after the commit: {other:?}"),
+        }
+    }
+    if stored("after restarts") != committed {
+        fail!(case, "restarts after the commit changed the files");
+    }
+
+    // Two ranks that both see every manifest race to commit: one record, both succeed.
+    for rank in 0..2 {
+        if let Err(e) = save(&checkpoints, 2, rank) {
+            fail!(case, "step 2, rank {rank}: {e}");
+        }
+    }
+    let both_done = Arc::new(Barrier::new(2));
+    let racers: Vec<_> = (2..4u32)
+        .map(|rank| {
+            let checkpoints = checkpoints.clone();
+            let both_done = Arc::clone(&both_done);
+            let rank_save = model(2)
+                .rank_save(rank, world, |t| {
+                    Writer::new(t).with_format(Format::Safetensors)
+                })
+                .with_rendezvous(move || {
+                    both_done.wait();
+                    Ok(true)
+                });
+            std::thread::spawn(move || checkpoints.save_rank(2, rank_save))
+        })
+        .collect();
+    let outcomes: Vec<_> = racers
+        .into_iter()
+        .map(|r| {
+            r.join()
+                .unwrap_or_else(|_| fail!(case, "a racing rank panicked"))
+        })
+        .collect();
+    let records: Vec<_> = outcomes
+        .iter()
+        .map(|o| match o {
+            Ok(outcome) => outcome.record().cloned(),
+            Err(e) => fail!(case, "a rank racing to commit failed: {e}"),
+        })
+        .collect();
+    let won = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(RankOutcome::Committed(_))))
+        .count();
+    if won != 1 || records[0].is_none() || records[0] != records[1] {
+        fail!(case, "two ranks racing to commit: {outcomes:?}");
+    }
+    check_loads(2, "after the race");
+
+    // Slices that overlap are refused at commit, naming the tensor; the step stays
+    // uncommitted.
+    for rank in 0..world {
+        let overlapping = model(3).rank_save(rank, world, Writer::new).with_slice(
+            "bias",
+            [7],
+            Region::new([0], [7]),
+        );
+        let mut tensors = Vec::new();
+        if rank < 3 {
+            tensors.push(Tensor::from_slice("bias", [7], &[rank as f32; 7]));
+        }
+        let save = if rank < 3 {
+            RankSave::new(rank, world, Writer::new(tensors)).with_slice(
+                "bias",
+                [7],
+                Region::new([0], [7]),
+            )
+        } else {
+            overlapping
+        };
+        let result = checkpoints.save_rank(3, save);
+        match (rank, result) {
+            (0..3, Ok(RankOutcome::Written { .. })) => {}
+            (3, Err(e))
+                if e.kind() == ErrorKind::InvalidInput && e.to_string().contains("`bias`") => {}
+            (_, other) => fail!(case, "overlapping slices of `bias`, rank {rank}: {other:?}"),
+        }
+    }
+
+    // A rank failing at each storage operation in turn never leaves step 4 damaged, and a
+    // rerun commits it.
+    for rank in 0..3 {
+        if let Err(e) = save(&checkpoints, 4, rank) {
+            fail!(case, "step 4, rank {rank}: {e}");
+        }
+    }
+    for fail_at in 1.. {
+        let faulty: Arc<dyn Storage> =
+            Arc::new(Faulty::failing_at(harness.reopen(&storage), fail_at));
+        let result = save(&Checkpoints::over(faulty, "ranked"), 4, 3);
+        let context = format!("rank 3 failing at operation {fail_at}");
+        let state = checkpoints
+            .list()
+            .unwrap_or_else(|e| fail!(case, "{context}: listing: {e}"))
+            .into_iter()
+            .find(|s| s.step == 4)
+            .map(|s| s.state);
+        match (&result, state) {
+            (Err(e), _) if !is_injected(e) => fail!(case, "{context}: its own error: {e}"),
+            (_, Some(StepState::Damaged(why))) => {
+                fail!(case, "{context}: step 4 is damaged: {why}")
+            }
+            (Ok(_), Some(StepState::Complete)) => break,
+            (Ok(outcome), state) => fail!(case, "{context}: {outcome:?} but step 4 is {state:?}"),
+            (Err(_), _) => {}
+        }
+    }
+    match save(&checkpoints, 4, 3) {
+        Ok(RankOutcome::CommittedByAnother(_)) => {}
+        other => fail!(case, "rank 3 rerun after the failures: {other:?}"),
+    }
+    check_loads(4, "after failures");
+
+    // gc keeps every committed step's manifests and containers, and removes the step that
+    // never committed once a newer one did.
+    if let Err(e) = checkpoints.gc() {
+        fail!(case, "gc: {e}");
+    }
+    if stored("after gc")
+        .iter()
+        .any(|k| k.starts_with("ranked/step-3/"))
+    {
+        fail!(
+            case,
+            "gc left the uncommitted step 3: {:?}",
+            stored("again")
+        );
+    }
+    for step in [1, 2, 4] {
+        check_loads(step, "after gc");
+    }
+    match save(&checkpoints, 2, 0) {
+        Ok(RankOutcome::CommittedByAnother(_)) => {}
+        other => fail!(case, "rank 0 of step 2 restarted after gc: {other:?}"),
     }
     Outcome::Checked
 }

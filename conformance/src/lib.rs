@@ -47,6 +47,7 @@ pub mod alloc;
 pub mod cases;
 pub mod faulty;
 pub mod model;
+pub mod ranked;
 pub mod sim_disk;
 pub mod strategies;
 
@@ -220,7 +221,7 @@ impl Suite {
     /// Adds every case for `harness`, named `name::case` (or `case` when `name` is empty).
     #[must_use]
     pub fn backend<H: Harness>(mut self, name: &str, harness: H) -> Self {
-        let cases: [(&'static str, CaseFn<H>); 19] = [
+        let cases: [(&'static str, CaseFn<H>); 20] = [
             ("roundtrip_matches_writer", |h, _| {
                 cases::roundtrip_matches_writer(h)
             }),
@@ -279,6 +280,7 @@ impl Suite {
             ("checkpoint_lifecycle", |h, _| {
                 cases::checkpoint_lifecycle(h)
             }),
+            ("multi_rank_commit", |h, _| cases::multi_rank_commit(h)),
         ];
         let harness = Arc::new(harness);
         let unavailable = harness.unavailable();

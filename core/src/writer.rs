@@ -160,6 +160,16 @@ impl Writer {
         self.durability
     }
 
+    /// The tensors it writes, in order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The metadata it writes.
+    pub fn metadata(&self) -> &BTreeMap<String, String> {
+        &self.metadata
+    }
+
     /// The tensors, and a writer with the same settings and none (to write several containers
     /// alike, as [`ShardedWriter`](crate::sharded::ShardedWriter) does).
     pub(crate) fn into_parts(self) -> (Vec<Tensor>, Self) {

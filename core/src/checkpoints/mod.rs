@@ -40,6 +40,17 @@
 //! # Ok::<(), weightbay::Error>(())
 //! ```
 
+mod assembled;
+mod ranks;
+mod region;
+
+pub use assembled::AssembledWeights;
+pub use ranks::{
+    LogicalTensor, RANKS_DIR, RankManifest, RankOutcome, RankProgress, RankSave, RankTensor,
+    Rendezvous, SliceRecord,
+};
+pub use region::Region;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
@@ -81,6 +92,13 @@ pub struct CommitRecord {
     pub index: Option<String>,
     /// Every container, with its key relative to the step's directory.
     pub containers: Vec<ContainerRecord>,
+    /// For a checkpoint written by several ranks ([`Checkpoints::save_rank`]), how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    /// For a checkpoint written by several ranks, every logical tensor and the slices that
+    /// tile it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tensors: BTreeMap<String, LogicalTensor>,
 }
 
 /// One container of a checkpoint, as its save wrote it.
@@ -193,6 +211,8 @@ pub struct StepStatus {
     pub state: StepState,
     /// Bytes stored under the step's directory.
     pub stored_bytes: u64,
+    /// For a step written by several ranks, the rank manifests listed: which ranks finished.
+    pub ranks: Option<RankProgress>,
 }
 
 /// Whether a step is a checkpoint that can be loaded.
@@ -237,6 +257,9 @@ struct Saves {
 struct SavesState {
     /// The step and save directory being written, if any.
     in_flight: Option<(u64, String)>,
+    /// The save directories of rank saves being written ([`Checkpoints::save_rank`]): several
+    /// ranks may run in one process, side by side.
+    ranks_in_flight: Vec<String>,
     /// Failures nobody was there to see: reported by the next save or [`Checkpoints::flush`].
     unobserved: Vec<Error>,
 }
@@ -476,6 +499,8 @@ impl Checkpoints {
                     })
                 })
                 .collect(),
+            world_size: None,
+            tensors: BTreeMap::new(),
         };
         let body = serde_json::to_vec_pretty(&record)
             .map_err(|e| Error::invalid(format!("encoding the commit record: {e}")))?;
@@ -531,6 +556,7 @@ impl Checkpoints {
             record,
             state,
             stored_bytes: stored.iter().map(|l| l.len).sum(),
+            ranks: ranks::progress(&self.step_dir(step), stored),
         }
     }
 
@@ -682,7 +708,11 @@ impl Checkpoints {
             .rev()
             .find(|s| s.state == StepState::Complete)
             .map(|s| s.step);
-        let in_flight = self.saves.lock().in_flight.clone();
+        let writing: Vec<String> = {
+            let state = self.saves.lock();
+            let one = state.in_flight.iter().map(|(_, save_dir)| save_dir.clone());
+            one.chain(state.ranks_in_flight.iter().cloned()).collect()
+        };
         let mut orphans = Vec::new();
         for status in statuses {
             if newest_complete.is_none_or(|newest| status.step > newest) {
@@ -693,16 +723,23 @@ impl Checkpoints {
                 continue;
             }
             let dir = self.step_dir(status.step);
+            let world_size = status
+                .record
+                .as_ref()
+                .and_then(|r| r.world_size)
+                .unwrap_or(0);
+            let manifests = (0..world_size).map(|rank| ranks::manifest_key(&dir, rank, world_size));
             let named: BTreeSet<String> = status
                 .record
                 .iter()
                 .flat_map(|r| r.containers.iter().map(|c| format!("{dir}/{}", c.key)))
+                .chain(manifests)
                 .chain(std::iter::once(format!("{dir}/{COMMIT_RECORD}")))
                 .collect();
             for listed in self.storage.list(&dir)? {
-                let saving = in_flight
-                    .as_ref()
-                    .is_some_and(|(_, save_dir)| listed.key.starts_with(&format!("{save_dir}/")));
+                let saving = writing
+                    .iter()
+                    .any(|save_dir| listed.key.starts_with(&format!("{save_dir}/")));
                 if !named.contains(&listed.key) && !saving {
                     orphans.push(listed.key);
                 }
@@ -756,6 +793,9 @@ impl Checkpoints {
         };
         let mut record = checkpoint.record.clone();
         record.index = record.index.as_deref().map(moved);
+        for slice in record.tensors.values_mut().flat_map(|t| &mut t.slices) {
+            slice.container = moved(&slice.container);
+        }
         let mut written = Vec::new();
         let copied = checkpoint
             .record
@@ -799,17 +839,7 @@ impl Checkpoints {
 
     fn read_record(&self, step: u64) -> Result<CommitRecord> {
         let key = format!("{}/{COMMIT_RECORD}", self.step_dir(step));
-        let source = self.storage.open(&key).map_err(|e| e.with_key(&key))?;
-        if source.len() > MAX_RECORD_LEN {
-            return Err(
-                Error::new(ErrorKind::LimitExceeded, "commit record over 16 MiB").with_key(&key),
-            );
-        }
-        let mut body = vec![0; source.len() as usize];
-        source.read_at(0, &mut body).map_err(|e| e.with_key(&key))?;
-        let record: CommitRecord = serde_json::from_slice(&body).map_err(|e| {
-            Error::new(ErrorKind::Corrupt, format!("unreadable commit record: {e}")).with_key(&key)
-        })?;
+        let record: CommitRecord = ranks::read_json(self.storage.as_ref(), &key, "commit record")?;
         if record.weightbay_checkpoint != RECORD_VERSION || record.step != step {
             return Err(Error::new(
                 ErrorKind::Corrupt,
@@ -894,11 +924,34 @@ impl Checkpoint {
     /// [`ErrorKind::InvalidInput`] for a sharded set; as [`Reader::open_key`].
     pub fn reader(&self) -> Result<Reader> {
         match (&self.record.index, self.record.containers.as_slice()) {
-            (None, [only]) => Reader::open_key(self.storage.as_ref(), &self.key(&only.key)),
+            (None, [only]) if self.record.world_size.is_none() => {
+                Reader::open_key(self.storage.as_ref(), &self.key(&only.key))
+            }
             _ => Err(Error::invalid(
-                "this checkpoint is a sharded set: open it with Checkpoint::weights",
+                "this checkpoint has several containers (shards or ranks): open it with \
+                 Checkpoint::weights",
             )),
         }
+    }
+
+    /// The tensors of a checkpoint written by several ranks, whole or by region, for any
+    /// rank layout.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a checkpoint written by one process (open it with
+    /// [`reader`](Self::reader) or [`weights`](Self::weights)).
+    pub fn assembled(&self) -> Result<AssembledWeights> {
+        if self.record.world_size.is_none() {
+            return Err(Error::invalid(
+                "this checkpoint was written by one process: open it with Checkpoint::reader \
+                 or Checkpoint::weights",
+            ));
+        }
+        Ok(AssembledWeights::new(
+            Arc::clone(&self.storage),
+            self.dir.clone(),
+            self.record.tensors.clone(),
+        ))
     }
 
     /// The checkpoint's tensors, for a runtime: its one container, or its shards through the
@@ -907,6 +960,9 @@ impl Checkpoint {
     /// # Errors
     /// As [`reader`](Self::reader) and [`ShardedWeights::open`].
     pub fn weights(&self) -> Result<Box<dyn WeightSource>> {
+        if self.record.world_size.is_some() {
+            return Ok(Box::new(self.assembled()?));
+        }
         match &self.record.index {
             Some(index) => Ok(Box::new(ShardedWeights::open(
                 Arc::clone(&self.storage),

@@ -1,0 +1,365 @@
+//! Multi-rank checkpoints over MemoryStorage: resharding to any layout (a property over
+//! random shapes and slicings), the requests each rank and the commit cost, the barrier that
+//! replaces the listing, and the refusals of bad slice sets. The conformance case
+//! `multi_rank_commit` runs the commit protocol on every backend.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+
+use proptest::prelude::*;
+use weightbay::checkpoints::{Checkpoints, RankOutcome, RankSave, Region, StepState};
+use weightbay::{
+    Capabilities, CreateOptions, DType, ErrorKind, Listed, MemoryStorage, Sink, Source, Storage,
+    Tensor, Writer,
+};
+use weightbay_conformance::ranked::{SlicedModel, Split};
+
+/// The whole model saved by `world` ranks, one after another.
+fn save_all(checkpoints: &Checkpoints, step: u64, model: &SlicedModel, world: u32) {
+    for rank in 0..world {
+        let outcome = checkpoints
+            .save_rank(step, model.rank_save(rank, world, Writer::new))
+            .unwrap();
+        assert_eq!(
+            matches!(outcome, RankOutcome::Committed(_)),
+            rank + 1 == world,
+            "rank {rank}: {outcome:?}"
+        );
+    }
+}
+
+fn shape_and_splits() -> impl Strategy<Value = (Vec<u64>, usize, usize, u32, u32)> {
+    prop::collection::vec(1u64..9, 1..4).prop_flat_map(|shape| {
+        let dims = shape.len();
+        (Just(shape), 0..dims, 0..dims, 1u32..6, 1u32..6)
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Written by one rank layout, loaded by another: every rank of the new layout reads
+    /// exactly its part of the original tensors, and one rank reads them whole.
+    #[test]
+    fn any_layout_loads_what_any_layout_wrote(
+        (shape, write_dim, read_dim, writers, readers) in shape_and_splits(),
+        step in 0u64..1000,
+    ) {
+        let model = SlicedModel::new(step, &[
+            ("t", DType::F32, &shape, Split::Along(write_dim)),
+            ("u", DType::U8, &shape, Split::Along(read_dim)),
+            ("whole", DType::I16, &[3], Split::Whole),
+        ]);
+        let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+        save_all(&checkpoints, step, &model, writers);
+        let weights = checkpoints.open(step).unwrap().assembled().unwrap();
+        for t in &model.tensors {
+            prop_assert_eq!(&weights.read(&t.name).unwrap().to_vec().unwrap(), &t.bytes);
+            for k in 0..u64::from(readers) {
+                let region = Region::split(&t.shape, read_dim.min(t.shape.len().saturating_sub(1)), u64::from(readers), k);
+                let read = weights.read_region(&t.name, &region).unwrap().to_vec().unwrap();
+                prop_assert_eq!(read, model.region_bytes(t, &region), "{} {:?}", t.name, region);
+            }
+        }
+    }
+}
+
+#[test]
+fn four_row_writers_load_as_three_column_readers_and_one_whole() {
+    let model = SlicedModel::new(
+        7,
+        &[
+            ("w", DType::F32, &[40, 12], Split::Along(0)),
+            ("v", DType::BF16, &[41, 3, 5], Split::Along(0)),
+        ],
+    );
+    let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    save_all(&checkpoints, 7, &model, 4);
+    let weights = checkpoints.open(7).unwrap().weights().unwrap();
+    for t in &model.tensors {
+        let whole = weights.stored_tensor(&t.name).unwrap().unwrap();
+        assert_eq!(
+            (whole.dtype.clone(), whole.shape.clone()),
+            (t.dtype.clone(), t.shape.clone())
+        );
+        assert_eq!(whole.bytes.to_vec().unwrap(), t.bytes);
+    }
+    let assembled = checkpoints.open(7).unwrap().assembled().unwrap();
+    for t in &model.tensors {
+        let last = t.shape.len() - 1;
+        let columns: Vec<Vec<u8>> = (0..3)
+            .map(|k| {
+                let region = Region::split(&t.shape, last, 3, k);
+                let read = assembled.read_region(&t.name, &region).unwrap();
+                assert_eq!(read.to_vec().unwrap(), model.region_bytes(t, &region));
+                read.to_vec().unwrap()
+            })
+            .collect();
+        assert_eq!(columns.iter().map(Vec::len).sum::<usize>(), t.bytes.len());
+    }
+}
+
+/// Storage calls by kind, in front of another storage.
+#[derive(Debug)]
+struct Counting {
+    inner: MemoryStorage,
+    calls: Arc<Mutex<BTreeMap<&'static str, u64>>>,
+}
+
+impl Counting {
+    fn count(&self, kind: &'static str) {
+        *self.calls.lock().unwrap().entry(kind).or_default() += 1;
+    }
+    fn take(&self) -> BTreeMap<&'static str, u64> {
+        std::mem::take(&mut self.calls.lock().unwrap())
+    }
+}
+
+impl Storage for Counting {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
+        self.count("create");
+        self.inner.create(key, options)
+    }
+    fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
+        self.count("open");
+        self.inner.open(key)
+    }
+    fn delete(&self, key: &str) -> weightbay::Result<()> {
+        self.count("delete");
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
+        self.count("list");
+        self.inner.list(prefix)
+    }
+}
+
+/// What the docs state: a rank costs its container, one create-new manifest and one listing;
+/// the commit adds one read of the commit record's key, one read per manifest and one
+/// create-new.
+#[test]
+fn a_rank_costs_its_upload_a_manifest_and_a_listing_and_the_commit_a_read_per_rank() {
+    let storage = Arc::new(Counting {
+        inner: MemoryStorage::new(),
+        calls: Arc::default(),
+    });
+    let checkpoints = Checkpoints::over(storage.clone(), "run");
+    let model = SlicedModel::small(1, 20);
+    let world = 6;
+    let per_rank = BTreeMap::from([("create", 2), ("list", 1)]);
+    for rank in 0..world - 1 {
+        checkpoints
+            .save_rank(1, model.rank_save(rank, world, Writer::new))
+            .unwrap();
+        assert_eq!(storage.take(), per_rank, "rank {rank}");
+    }
+    checkpoints
+        .save_rank(1, model.rank_save(world - 1, world, Writer::new))
+        .unwrap();
+    let committing = BTreeMap::from([("create", 3), ("list", 1), ("open", 1 + u64::from(world))]);
+    assert_eq!(storage.take(), committing);
+}
+
+/// With a process group's barrier instead of the listing, rank 0 commits and nobody lists.
+#[test]
+fn a_barrier_replaces_the_listing() {
+    let storage = Arc::new(Counting {
+        inner: MemoryStorage::new(),
+        calls: Arc::default(),
+    });
+    let checkpoints = Checkpoints::over(storage.clone(), "run");
+    let model = SlicedModel::small(3, 11);
+    let world = 4;
+    let barrier = Arc::new(Barrier::new(world as usize));
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            let barrier = Arc::clone(&barrier);
+            let save = model
+                .rank_save(rank, world, Writer::new)
+                .with_rendezvous(move || {
+                    barrier.wait();
+                    Ok(rank == 0)
+                });
+            let checkpoints = checkpoints.clone();
+            std::thread::spawn(move || checkpoints.save_rank(3, save).unwrap())
+        })
+        .collect();
+    let outcomes: Vec<RankOutcome> = ranks.into_iter().map(|r| r.join().unwrap()).collect();
+    assert!(
+        matches!(outcomes[0], RankOutcome::Committed(_)),
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes[1..]
+            .iter()
+            .all(|o| *o == RankOutcome::Written { missing: vec![] })
+    );
+    assert!(!storage.take().contains_key("list"));
+    assert_eq!(checkpoints.steps().unwrap(), [3]);
+}
+
+#[test]
+fn slices_that_leave_a_gap_are_refused_naming_the_tensor() {
+    let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    for rank in 0..2u32 {
+        // Rows 0..2 and 3..5 of 5 rows: row 2 is nobody's.
+        let rows = Region::new([u64::from(rank) * 3, 0], [2, 2]);
+        let save = RankSave::new(
+            rank,
+            2,
+            Writer::new(vec![Tensor::from_slice("gappy", [2, 2], &[1u8, 2, 3, 4])]),
+        )
+        .with_slice("gappy", [5, 2], rows);
+        let result = checkpoints.save_rank(1, save);
+        if rank == 1 {
+            let error = result.unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::InvalidInput);
+            assert!(error.to_string().contains("`gappy`"), "{error}");
+            assert!(error.to_string().contains("8 of its 10"), "{error}");
+        }
+    }
+    assert_eq!(checkpoints.list().unwrap()[0].state, StepState::Uncommitted);
+}
+
+#[test]
+fn bad_rank_saves_are_refused_before_anything_is_written() {
+    let storage = Arc::new(MemoryStorage::new());
+    let checkpoints = Checkpoints::over(storage.clone(), "run");
+    let tensor = || Tensor::from_slice("w", [2, 2], &[1u8, 2, 3, 4]);
+    let cases = [
+        (
+            RankSave::new(4, 4, Writer::new(vec![tensor()])),
+            "rank 4 of a world of 4",
+        ),
+        (
+            RankSave::new(0, 2, Writer::new(vec![tensor()])).with_slice(
+                "w",
+                [3, 2],
+                Region::new([2, 0], [2, 2]),
+            ),
+            "dimension 0",
+        ),
+        (
+            RankSave::new(0, 2, Writer::new(vec![tensor()])).with_slice(
+                "w",
+                [4, 2],
+                Region::new([0, 0], [1, 2]),
+            ),
+            "its region",
+        ),
+        (
+            RankSave::new(0, 2, Writer::new(vec![tensor()])).with_slice(
+                "x",
+                [4, 2],
+                Region::new([0, 0], [2, 2]),
+            ),
+            "no tensor `x`",
+        ),
+    ];
+    for (save, expected) in cases {
+        let error = checkpoints.save_rank(1, save).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidInput);
+        let text = format!("{error} {:?}", std::error::Error::source(&error));
+        assert!(text.contains(expected), "{text}");
+    }
+    assert!(storage.list("run").unwrap().is_empty());
+}
+
+/// Reading a column of a row-sliced tensor fetches only the runs that hold it, merged across
+/// gaps only within the 10% allowance.
+#[test]
+fn a_region_read_fetches_at_most_a_tenth_more_than_it_needs() {
+    #[derive(Debug)]
+    struct Fetched {
+        inner: Arc<dyn Source>,
+        bytes: Arc<AtomicU64>,
+    }
+    impl Source for Fetched {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+            self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+            self.inner.read_at(offset, buf)
+        }
+    }
+    #[derive(Debug)]
+    struct CountingReads {
+        inner: MemoryStorage,
+        bytes: Arc<AtomicU64>,
+    }
+    impl Storage for CountingReads {
+        fn capabilities(&self) -> Capabilities {
+            self.inner.capabilities()
+        }
+        fn create(&self, key: &str, o: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
+            self.inner.create(key, o)
+        }
+        fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
+            Ok(Arc::new(Fetched {
+                inner: self.inner.open(key)?,
+                bytes: Arc::clone(&self.bytes),
+            }))
+        }
+        fn delete(&self, key: &str) -> weightbay::Result<()> {
+            self.inner.delete(key)
+        }
+        fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
+            self.inner.list(prefix)
+        }
+    }
+    let bytes = Arc::new(AtomicU64::new(0));
+    let checkpoints = Checkpoints::over(
+        Arc::new(CountingReads {
+            inner: MemoryStorage::new(),
+            bytes: Arc::clone(&bytes),
+        }),
+        "run",
+    );
+    let model = SlicedModel::new(1, &[("w", DType::F32, &[256, 64], Split::Along(0))]);
+    save_all(&checkpoints, 1, &model, 4);
+    let weights = checkpoints.open(1).unwrap().assembled().unwrap();
+    for region in [
+        Region::split(&[256, 64], 0, 3, 1),
+        Region::split(&[256, 64], 1, 3, 2),
+        Region::new([10, 5], [100, 50]),
+    ] {
+        // Every container's reader opens (its header read) before counting starts.
+        weights.read("w").unwrap();
+        bytes.store(0, Ordering::Relaxed);
+        let read = weights.read_region("w", &region).unwrap();
+        let fetched = bytes.load(Ordering::Relaxed);
+        let needed = read.len() as u64;
+        assert!(
+            fetched * 10 <= needed * 11,
+            "{region:?}: fetched {fetched} bytes for {needed}"
+        );
+    }
+}
+
+#[test]
+fn slices_that_overlap_are_refused_even_when_the_element_count_adds_up() {
+    let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    for rank in 0..2u32 {
+        // Rows 0..2 and 1..3 of 4 rows: row 1 twice, row 3 never, 8 elements in all.
+        let rows = Region::new([u64::from(rank), 0], [2, 2]);
+        let save = RankSave::new(
+            rank,
+            2,
+            Writer::new(vec![Tensor::from_slice("twice", [2, 2], &[1u8, 2, 3, 4])]),
+        )
+        .with_slice("twice", [4, 2], rows);
+        let result = checkpoints.save_rank(1, save);
+        if rank == 1 {
+            let error = result.unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::InvalidInput);
+            assert!(error.to_string().contains("`twice`"), "{error}");
+            assert!(error.to_string().contains("overlap"), "{error}");
+        }
+    }
+    assert!(checkpoints.steps().unwrap().is_empty());
+}

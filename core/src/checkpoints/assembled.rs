@@ -1,0 +1,281 @@
+//! Loading a multi-rank checkpoint with any rank layout: whole tensors, or any box of them,
+//! assembled from the slices that overlap it, fetching only the bytes that hold it.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::ranks::LogicalTensor;
+use super::region::{Region, coalesce, runs};
+use crate::weights::{StoredTensor, WeightSource};
+use crate::{AccessPolicy, Bytes, DType, Element, Error, ErrorKind, Reader, Result, Storage};
+
+/// The bytes fetched beyond what a load needs, at most, as a fraction of it: spent on the
+/// smallest gaps between the byte runs it needs, each merge saving a request.
+const GAP_ALLOWANCE: u64 = 10;
+
+/// The tensors of a multi-rank checkpoint, whole or by [`Region`], whatever layout wrote
+/// them: from [`Checkpoint::assembled`](super::Checkpoint::assembled).
+///
+/// A read gathers every run of bytes the asked-for boxes need from each container in one
+/// batched [`Source::fetch`](crate::Source::fetch), merging runs across gaps only while the
+/// bytes fetched stay within 10% of the bytes needed. A box that is exactly one stored slice
+/// is handed out as the container's own bytes (lazy, or zero-copy from a map).
+#[derive(Debug)]
+pub struct AssembledWeights {
+    storage: Arc<dyn Storage>,
+    dir: String,
+    tensors: BTreeMap<String, LogicalTensor>,
+    readers: Mutex<BTreeMap<String, Arc<Reader>>>,
+}
+
+/// One copy a read makes: `len` bytes at `at` of container `container`, to byte `to` of
+/// output `out`.
+struct Copy {
+    out: usize,
+    to: usize,
+    at: u64,
+    len: u64,
+}
+
+impl AssembledWeights {
+    pub(crate) fn new(
+        storage: Arc<dyn Storage>,
+        dir: String,
+        tensors: BTreeMap<String, LogicalTensor>,
+    ) -> Self {
+        Self {
+            storage,
+            dir,
+            tensors,
+            readers: Mutex::default(),
+        }
+    }
+
+    /// The logical tensors' names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// The logical tensor `name`: its dtype, global shape and slices.
+    pub fn tensor(&self, name: &str) -> Option<&LogicalTensor> {
+        self.tensors.get(name)
+    }
+
+    /// All of tensor `name`.
+    ///
+    /// # Errors
+    /// As [`read_regions`](Self::read_regions).
+    pub fn read(&self, name: &str) -> Result<Bytes> {
+        let shape = &self.logical(name)?.shape;
+        self.read_region(name, &Region::whole(shape))
+    }
+
+    /// All of tensor `name` as numbers of type `T`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] when `T` is not the tensor's dtype; as
+    /// [`read_regions`](Self::read_regions).
+    pub fn read_as<T: Element>(&self, name: &str) -> Result<Vec<T>> {
+        let dtype = self.dtype(name)?;
+        let stored_as = if dtype == DType::Flex32 {
+            DType::F32
+        } else {
+            dtype.clone()
+        };
+        if stored_as != T::DTYPE {
+            return Err(Error::invalid(format!(
+                "tensor `{name}` holds {dtype}, not {}",
+                T::DTYPE
+            )));
+        }
+        let bytes = self.read(name)?;
+        Ok(bytes
+            .read(AccessPolicy::AllowCopy)?
+            .chunks_exact(T::SIZE)
+            .map(T::from_le)
+            .collect())
+    }
+
+    /// The box `region` of tensor `name`, its elements row-major.
+    ///
+    /// # Errors
+    /// As [`read_regions`](Self::read_regions).
+    pub fn read_region(&self, name: &str, region: &Region) -> Result<Bytes> {
+        let mut read = self.read_regions(&[(name, region.clone())])?;
+        Ok(read.remove(0))
+    }
+
+    /// Each `(name, region)` asked for, in order: one batched fetch per container holding
+    /// any of them, of only the byte runs they overlap.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] for a name the checkpoint lacks; [`ErrorKind::InvalidInput`]
+    /// for a region outside its tensor; [`ErrorKind::Corrupt`] when a container does not hold
+    /// a slice as the commit record says; the storage's errors.
+    pub fn read_regions(&self, wanted: &[(&str, Region)]) -> Result<Vec<Bytes>> {
+        let mut out: Vec<Bytes> = Vec::with_capacity(wanted.len());
+        let mut copies: BTreeMap<String, Vec<Copy>> = BTreeMap::new();
+        for (index, (name, region)) in wanted.iter().enumerate() {
+            let logical = self.logical(name)?;
+            region
+                .within(&logical.shape)
+                .map_err(|e| Error::invalid(format!("reading tensor `{name}`")).with_source(e))?;
+            if let [only] = logical.slices.as_slice()
+                && only.region == *region
+            {
+                out.push(self.reader(&only.container)?.bytes(name)?);
+                continue;
+            }
+            let mut element_size = None;
+            for slice in &logical.slices {
+                let Some(shared) = slice.region.intersect(region) else {
+                    continue;
+                };
+                let reader = self.reader(&slice.container)?;
+                let info = stored_slice(&reader, name, &slice.region.lengths, &slice.container)?;
+                let size = info.dtype().element_size().ok_or_else(|| {
+                    Error::invalid(format!(
+                        "tensor `{name}` of {} cannot be sliced",
+                        info.dtype()
+                    ))
+                })?;
+                element_size = Some(size);
+                let start = info.range().start;
+                copies.entry(slice.container.clone()).or_default().extend(
+                    runs(&slice.region, region, &shared)
+                        .into_iter()
+                        .map(|run| Copy {
+                            out: index,
+                            to: (run.to * size) as usize,
+                            at: start + run.from * size,
+                            len: run.len * size,
+                        }),
+                );
+            }
+            // No slice overlaps only an empty region: the commit checked the slices tile.
+            let len = region.elements() * element_size.unwrap_or(0);
+            let len = usize::try_from(len)
+                .map_err(|_| Error::new(ErrorKind::OutOfRange, "region does not fit in memory"))?;
+            out.push(Bytes::zeroed(len, 64)?);
+        }
+        for (container, copies) in copies {
+            self.copy_from(&container, &copies, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    /// Fetches the byte runs `copies` need from `container`, merged as [`GAP_ALLOWANCE`]
+    /// allows, and copies each into its output.
+    fn copy_from(&self, container: &str, copies: &[Copy], out: &mut [Bytes]) -> Result<()> {
+        let mut needed: Vec<Range<u64>> = copies.iter().map(|c| c.at..c.at + c.len).collect();
+        needed.sort_unstable_by_key(|r| r.start);
+        needed.dedup();
+        // Touching runs merge for free; the allowance buys merges across the smallest gaps.
+        let needed_bytes: u64 = needed.iter().map(|r| r.end - r.start).sum();
+        let ranges = coalesce(&needed, needed_bytes / GAP_ALLOWANCE);
+        let reader = self.reader(container)?;
+        let fetched = reader.source().fetch(&ranges)?;
+        for copy in copies {
+            let i = ranges.partition_point(|r| r.end <= copy.at);
+            let (range, bytes) = (&ranges[i], &fetched[i]);
+            let from = (copy.at - range.start) as usize;
+            let data = bytes.read(AccessPolicy::AllowCopy)?;
+            let target = out[copy.out].make_mut()?;
+            target[copy.to..copy.to + copy.len as usize]
+                .copy_from_slice(&data[from..from + copy.len as usize]);
+        }
+        Ok(())
+    }
+
+    /// The dtype of tensor `name`, as its first slice's container stores it.
+    fn dtype(&self, name: &str) -> Result<DType> {
+        let logical = self.logical(name)?;
+        let first = logical.slices.first().ok_or_else(|| {
+            Error::new(ErrorKind::Corrupt, format!("tensor `{name}` has no slices"))
+        })?;
+        let reader = self.reader(&first.container)?;
+        Ok(reader
+            .tensor(name)
+            .map_err(|e| e.with_key(&first.container))?
+            .dtype()
+            .clone())
+    }
+
+    fn logical(&self, name: &str) -> Result<&LogicalTensor> {
+        self.tensors.get(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NotFound,
+                format!("no tensor `{name}` in the checkpoint"),
+            )
+            .with_key(&self.dir)
+        })
+    }
+
+    /// The reader of `container` (relative to the step), opened once.
+    fn reader(&self, container: &str) -> Result<Arc<Reader>> {
+        let mut readers = self.readers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(reader) = readers.get(container) {
+            return Ok(Arc::clone(reader));
+        }
+        let key = format!("{}/{container}", self.dir);
+        let reader = Arc::new(Reader::open_key(self.storage.as_ref(), &key)?);
+        readers.insert(container.to_owned(), Arc::clone(&reader));
+        Ok(reader)
+    }
+}
+
+/// The stored tensor `name` of `reader`, checked to have the slice's lengths as its shape.
+fn stored_slice<'r>(
+    reader: &'r Reader,
+    name: &str,
+    lengths: &[u64],
+    container: &str,
+) -> Result<&'r crate::TensorInfo> {
+    let info = reader.tensor(name).map_err(|e| e.with_key(container))?;
+    if info.shape() != lengths {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "tensor `{name}` is stored as {:?}, the commit record says {lengths:?}",
+                info.shape()
+            ),
+        )
+        .with_key(container));
+    }
+    Ok(info)
+}
+
+impl WeightSource for AssembledWeights {
+    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let names = [name.to_owned()];
+        Ok(self.stored_tensors(&names)?.pop().flatten())
+    }
+
+    fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
+        let wanted: Vec<(&str, Region)> = names
+            .iter()
+            .filter_map(|name| {
+                let logical = self.tensors.get(name)?;
+                Some((name.as_str(), Region::whole(&logical.shape)))
+            })
+            .collect();
+        let mut read = self.read_regions(&wanted)?.into_iter();
+        names
+            .iter()
+            .map(|name| {
+                let Some(logical) = self.tensors.get(name) else {
+                    return Ok(None);
+                };
+                let bytes = read
+                    .next()
+                    .ok_or_else(|| Error::new(ErrorKind::Io, "a batched read returned too few"))?;
+                Ok(Some(StoredTensor {
+                    dtype: self.dtype(name)?,
+                    shape: logical.shape.clone(),
+                    bytes,
+                }))
+            })
+            .collect()
+    }
+}

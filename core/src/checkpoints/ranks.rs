@@ -1,0 +1,757 @@
+//! Multi-writer checkpoints: every rank of a job writes its own part of a step straight to
+//! the storage, and the step commits once, without a coordinator.
+//!
+//! # The protocol
+//!
+//! ```text
+//! <step>/<save>/rank-00003.bpk                     rank 3's tensors and tensor slices
+//! <step>/ranks/rank-00003-of-00004.json            rank 3's manifest, written with create-new
+//! <step>/commit.json                               the merged record, written with create-new
+//! ```
+//!
+//! 1. Each rank streams its container into a save directory of its own, then writes its
+//!    **manifest** with create-new: the container's key, length and CRC32C (taken while it
+//!    streamed), and every tensor or tensor slice in it with its global shape and
+//!    [`Region`]. No rank waits for another to write its data.
+//! 2. The rank then lists the step's manifests (one listing request per 1,000 ranks). The
+//!    rank that sees all `world_size` of them reads them, checks that every tensor's slices
+//!    tile it exactly (no overlap, no gap), and writes the commit record with create-new. The
+//!    last manifest written is always followed by a listing that sees it, so some rank
+//!    commits; when several see all, exactly one create-new succeeds and the others compare
+//!    the committed record with their own and report success.
+//! 3. A rank whose manifest exists already (a restart, or a second process running as the
+//!    same rank) compares contents: the same content is success, its fresh container is
+//!    removed, and it goes on to commit (the first run may have died just before); other
+//!    content is an error naming the rank, so a checkpoint never mixes two writers' data.
+//!
+//! A rank that never finishes leaves the step uncommitted; [`Checkpoints::gc`] removes it
+//! once a newer checkpoint is complete. A framework that has a process group already can
+//! replace the listing with its barrier ([`RankSave::with_rendezvous`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::region::Region;
+use super::{
+    COMMIT_RECORD, Checkpoints, CommitRecord, ContainerRecord, MAX_RECORD_LEN, RECORD_VERSION,
+    Recording, now_unix_ms,
+};
+use crate::storage::{Listed, Storage, WriteMode, unique_token, write_new};
+use crate::{Error, ErrorKind, Result, Writer};
+
+/// The directory of a step's rank manifests.
+pub const RANKS_DIR: &str = "ranks";
+/// The version of the rank manifest's layout this code writes and reads.
+const MANIFEST_VERSION: u32 = 1;
+/// At most this many manifests are read at once while committing.
+const PARALLEL_READS: usize = 32;
+
+/// What a rank wrote: its manifest, the unit the commit merges.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankManifest {
+    /// The layout version of this manifest (1).
+    pub weightbay_rank_manifest: u32,
+    /// The training step.
+    pub step: u64,
+    /// This rank.
+    pub rank: u32,
+    /// How many ranks write the step.
+    pub world_size: u32,
+    /// `burnpack` or `safetensors`.
+    pub format: String,
+    /// The caller's metadata; rank 0's becomes the commit record's.
+    pub metadata: BTreeMap<String, String>,
+    /// The rank's containers, keys relative to the step's directory.
+    pub containers: Vec<ContainerRecord>,
+    /// Every tensor the rank holds, whole or a slice, by its logical name.
+    pub tensors: BTreeMap<String, RankTensor>,
+}
+
+/// A tensor, or a slice of one, that a rank holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankTensor {
+    /// The element type, as [`DType`](crate::DType) displays it.
+    pub dtype: String,
+    /// The whole tensor's shape.
+    pub shape: Vec<u64>,
+    /// The part this rank holds (all of it for a whole tensor).
+    pub region: Region,
+    /// The container (key relative to the step's directory) it is stored in, under its
+    /// logical name, as a tensor of the region's lengths.
+    pub container: String,
+}
+
+/// A logical tensor of a multi-rank checkpoint, as the commit record lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LogicalTensor {
+    /// The element type, as [`DType`](crate::DType) displays it.
+    pub dtype: String,
+    /// The whole tensor's shape.
+    pub shape: Vec<u64>,
+    /// The slices that tile it, in rank order.
+    pub slices: Vec<SliceRecord>,
+}
+
+/// One stored slice of a logical tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SliceRecord {
+    /// The rank that wrote it.
+    pub rank: u32,
+    /// Its container, key relative to the step's directory.
+    pub container: String,
+    /// The part of the tensor it holds.
+    pub region: Region,
+}
+
+/// Decides, after a rank's manifest is written, whether this rank commits; see
+/// [`RankSave::with_rendezvous`].
+pub type Rendezvous = Arc<dyn Fn() -> Result<bool> + Send + Sync>;
+
+/// One rank's part of a multi-rank checkpoint: a [`Writer`] of its tensors (format,
+/// durability, trailer and metadata as the writer says), and which of them are slices of
+/// larger tensors. Saved by [`Checkpoints::save_rank`].
+///
+/// ```
+/// use weightbay::checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
+/// use weightbay::{MemoryStorage, Tensor, Writer};
+///
+/// let checkpoints = Checkpoints::new(MemoryStorage::new(), "run-1");
+/// // Two ranks each hold half the rows of a 4 × 2 matrix; rank 0 also holds the bias.
+/// for rank in 0..2u32 {
+///     let rows = Region::split(&[4, 2], 0, 2, u64::from(rank));
+///     let base = 4.0 * rank as f32;
+///     let mut tensors = vec![Tensor::from_slice("w", [2, 2], &[base, base + 1.0, base + 2.0, base + 3.0])];
+///     if rank == 0 {
+///         tensors.push(Tensor::from_slice("b", [2], &[0.5f32, 0.5]));
+///     }
+///     let save = RankSave::new(rank, 2, Writer::new(tensors)).with_slice("w", [4, 2], rows);
+///     let outcome = checkpoints.save_rank(100, save)?;
+///     // The last rank to finish commits.
+///     assert_eq!(matches!(outcome, RankOutcome::Committed(_)), rank == 1);
+/// }
+/// let weights = checkpoints.open(100)?.assembled()?;
+/// assert_eq!(weights.read_as::<f32>("w")?, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+/// // Only the second column, fetched as the byte runs that hold it.
+/// let column = weights.read_region("w", &Region::new([0, 1], [4, 1]))?;
+/// assert_eq!(column.to_vec()?, [1.0f32, 3.0, 5.0, 7.0].map(f32::to_le_bytes).concat());
+/// # Ok::<(), weightbay::Error>(())
+/// ```
+pub struct RankSave {
+    rank: u32,
+    world_size: u32,
+    writer: Writer,
+    slices: BTreeMap<String, (Vec<u64>, Region)>,
+    rendezvous: Option<Rendezvous>,
+}
+
+impl std::fmt::Debug for RankSave {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RankSave")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("slices", &self.slices)
+            .field("rendezvous", &self.rendezvous.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RankSave {
+    /// Rank `rank` of `world_size`, saving `writer`'s tensors: whole tensors unless
+    /// [`with_slice`](Self::with_slice) says otherwise. Each whole tensor must be saved by
+    /// exactly one rank.
+    pub fn new(rank: u32, world_size: u32, writer: Writer) -> Self {
+        Self {
+            rank,
+            world_size,
+            writer,
+            slices: BTreeMap::new(),
+            rendezvous: None,
+        }
+    }
+
+    /// Declares the writer's tensor `name` a slice: the `region` of a tensor of `shape`. The
+    /// writer's tensor has the region's lengths as its shape, its elements row-major.
+    #[must_use]
+    pub fn with_slice(
+        mut self,
+        name: impl Into<String>,
+        shape: impl Into<Vec<u64>>,
+        region: Region,
+    ) -> Self {
+        self.slices.insert(name.into(), (shape.into(), region));
+        self
+    }
+
+    /// Replaces the listing that decides who commits with the caller's process group: `decide`
+    /// runs once the rank's manifest is written and returns whether this rank commits. It
+    /// must return `true` only after every rank's manifest is written (after a barrier, say),
+    /// and to at least one rank; the committer then reads the manifests by name, without
+    /// listing. With a barrier, `move || { barrier.wait(); Ok(rank == 0) }`.
+    #[must_use]
+    pub fn with_rendezvous(
+        mut self,
+        decide: impl Fn() -> Result<bool> + Send + Sync + 'static,
+    ) -> Self {
+        self.rendezvous = Some(Arc::new(decide));
+        self
+    }
+
+    /// The manifest entries of the writer's tensors, each checked.
+    fn tensors(&self, container: &str) -> Result<BTreeMap<String, RankTensor>> {
+        let mut tensors = BTreeMap::new();
+        for tensor in self.writer.tensors() {
+            let name = tensor.name();
+            let (shape, region) = match self.slices.get(name) {
+                Some((shape, region)) => {
+                    region
+                        .within(shape)
+                        .map_err(|e| in_tensor(e, name, "its region"))?;
+                    if region.lengths != tensor.shape() {
+                        return Err(Error::invalid(format!(
+                            "tensor `{name}` has shape {:?}, its region {:?}",
+                            tensor.shape(),
+                            region.lengths
+                        )));
+                    }
+                    if tensor.dtype().element_size().is_none() {
+                        return Err(Error::invalid(format!(
+                            "tensor `{name}` of {} cannot be sliced: its elements have no fixed size",
+                            tensor.dtype()
+                        )));
+                    }
+                    (shape.clone(), region.clone())
+                }
+                None => (tensor.shape().to_vec(), Region::whole(tensor.shape())),
+            };
+            tensors.insert(
+                name.to_owned(),
+                RankTensor {
+                    dtype: tensor.dtype().to_string(),
+                    shape,
+                    region,
+                    container: container.to_owned(),
+                },
+            );
+        }
+        if let Some(name) = self.slices.keys().find(|name| !tensors.contains_key(*name)) {
+            return Err(Error::invalid(format!(
+                "a slice of `{name}` is declared, but the writer has no tensor `{name}`"
+            )));
+        }
+        Ok(tensors)
+    }
+}
+
+fn in_tensor(error: Error, name: &str, what: &str) -> Error {
+    Error::invalid(format!("tensor `{name}`: {what}")).with_source(error)
+}
+
+/// How [`Checkpoints::save_rank`] ended, when it succeeded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RankOutcome {
+    /// This rank saw every manifest and wrote the commit record.
+    Committed(CommitRecord),
+    /// The step is committed by another rank (or an earlier run of this one), and the record
+    /// holds this rank's part as written.
+    CommittedByAnother(CommitRecord),
+    /// This rank's part is written; the commit is left to the ranks still writing (the last
+    /// to finish commits), which this rank's listing did not see: `missing` (empty when a
+    /// rendezvous decided).
+    Written {
+        /// The ranks whose manifests were not there yet.
+        missing: Vec<u32>,
+    },
+}
+
+impl RankOutcome {
+    /// The commit record, once the step is committed.
+    pub fn record(&self) -> Option<&CommitRecord> {
+        match self {
+            Self::Committed(record) | Self::CommittedByAnother(record) => Some(record),
+            Self::Written { .. } => None,
+        }
+    }
+}
+
+/// How far the ranks of an uncommitted step got, from the manifests listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RankProgress {
+    /// How many ranks write the step.
+    pub world_size: u32,
+    /// The ranks whose manifests are written.
+    pub written: Vec<u32>,
+}
+
+impl RankProgress {
+    /// The ranks whose manifests are not written.
+    pub fn missing(&self) -> Vec<u32> {
+        let written: BTreeSet<u32> = self.written.iter().copied().collect();
+        (0..self.world_size)
+            .filter(|rank| !written.contains(rank))
+            .collect()
+    }
+}
+
+/// The key of `rank`'s manifest in `dir`.
+pub(crate) fn manifest_key(dir: &str, rank: u32, world_size: u32) -> String {
+    format!("{dir}/{RANKS_DIR}/rank-{rank:05}-of-{world_size:05}.json")
+}
+
+/// The rank and world size a manifest key in `dir` names, if it is one.
+fn parse_manifest_key(dir: &str, key: &str) -> Option<(u32, u32)> {
+    let name = key
+        .strip_prefix(dir)?
+        .strip_prefix('/')?
+        .strip_prefix(RANKS_DIR)?
+        .strip_prefix("/rank-")?
+        .strip_suffix(".json")?;
+    let (rank, world_size) = name.split_once("-of-")?;
+    let (rank, world_size): (u32, u32) = (rank.parse().ok()?, world_size.parse().ok()?);
+    (manifest_key(dir, rank, world_size) == key && rank < world_size).then_some((rank, world_size))
+}
+
+/// The manifests listed in `dir`'s `stored`, by world size: the ranks written.
+pub(crate) fn progress(dir: &str, stored: &[Listed]) -> Option<RankProgress> {
+    let mut by_world: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for listed in stored {
+        if let Some((rank, world_size)) = parse_manifest_key(dir, &listed.key) {
+            by_world.entry(world_size).or_default().push(rank);
+        }
+    }
+    // Manifests of another world size are a stale attempt's: report the likeliest layout.
+    let (world_size, mut written) = by_world
+        .into_iter()
+        .max_by_key(|(world_size, ranks)| (ranks.len(), *world_size))?;
+    written.sort_unstable();
+    Some(RankProgress {
+        world_size,
+        written,
+    })
+}
+
+impl Checkpoints {
+    /// Saves one rank's part of the checkpoint of `step` and, if this rank is the one that
+    /// sees every rank's manifest, commits it (see the [module](self) for the protocol).
+    /// Costs the container's upload, one create-new for the manifest and one listing (a
+    /// request per 1,000 ranks); the committing rank adds a read per manifest (in parallel),
+    /// one read of the commit record's key and its create-new.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a rank outside the world or a slice that does not fit,
+    /// and, at commit, for a tensor whose slices overlap or leave a gap (naming it);
+    /// [`ErrorKind::AlreadyExists`] naming the rank when another process wrote this rank's
+    /// manifest with other content; the storage's errors.
+    pub fn save_rank(&self, step: u64, save: RankSave) -> Result<RankOutcome> {
+        if save.world_size == 0 || save.rank >= save.world_size {
+            return Err(Error::invalid(format!(
+                "rank {} of a world of {}",
+                save.rank, save.world_size
+            )));
+        }
+        let save_dir = format!("{}/{}", self.step_dir(step), unique_token());
+        self.saves.lock().ranks_in_flight.push(save_dir.clone());
+        let result = self.write_rank(step, &save_dir, save);
+        self.saves
+            .lock()
+            .ranks_in_flight
+            .retain(|dir| *dir != save_dir);
+        result
+    }
+
+    fn write_rank(&self, step: u64, save_dir: &str, save: RankSave) -> Result<RankOutcome> {
+        let dir = self.step_dir(step);
+        let format = save.writer.format();
+        let durability = save.writer.durability();
+        let key = format!("{save_dir}/rank-{:05}.{}", save.rank, format.extension());
+        let relative = key[dir.len() + 1..].to_owned();
+        let tensors = save.tensors(&relative)?;
+        let metadata = save.writer.metadata().clone();
+        let recording = Recording::new(Arc::clone(&self.storage));
+        let written = save
+            .writer
+            .with_mode(WriteMode::Overwrite)
+            .write_to(&recording, &key);
+        if let Err(e) = written {
+            recording.remove_all();
+            return Err(e);
+        }
+        let manifest = RankManifest {
+            weightbay_rank_manifest: MANIFEST_VERSION,
+            step,
+            rank: save.rank,
+            world_size: save.world_size,
+            format: format.to_string(),
+            metadata,
+            containers: recording
+                .written()
+                .into_iter()
+                .map(|(key, len, crc32c)| ContainerRecord {
+                    key: key[dir.len() + 1..].to_owned(),
+                    len,
+                    crc32c,
+                })
+                .collect(),
+            tensors,
+        };
+        let manifest_key = manifest_key(&dir, save.rank, save.world_size);
+        let manifest = match write_new(
+            self.storage.as_ref(),
+            &manifest_key,
+            &encode(&manifest)?,
+            durability,
+        ) {
+            Ok(()) => manifest,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                // A restart, or a second process running as this rank: only the same content
+                // may stand in for the manifest written first.
+                recording.remove_all();
+                let first: RankManifest =
+                    read_json(self.storage.as_ref(), &manifest_key, "rank manifest")?;
+                if !same_content(&first, &manifest) {
+                    return Err(Error::new(
+                        ErrorKind::AlreadyExists,
+                        format!(
+                            "rank {} of step {step}: a manifest with other content is written \
+                             already (is another process running as rank {}?)",
+                            save.rank, save.rank
+                        ),
+                    )
+                    .with_key(&manifest_key));
+                }
+                first
+            }
+            Err(e) => {
+                recording.remove_all();
+                return Err(e);
+            }
+        };
+        let commits = match &save.rendezvous {
+            Some(decide) => decide()?,
+            None => {
+                let listed = self.storage.list(&format!("{dir}/{RANKS_DIR}"))?;
+                let seen: BTreeSet<u32> = listed
+                    .iter()
+                    .filter_map(|l| parse_manifest_key(&dir, &l.key))
+                    .filter(|&(_, world_size)| world_size == save.world_size)
+                    .map(|(rank, _)| rank)
+                    .collect();
+                let missing: Vec<u32> =
+                    (0..save.world_size).filter(|r| !seen.contains(r)).collect();
+                if !missing.is_empty() {
+                    return Ok(RankOutcome::Written { missing });
+                }
+                true
+            }
+        };
+        if !commits {
+            return Ok(RankOutcome::Written {
+                missing: Vec::new(),
+            });
+        }
+        let outcome = self.commit_ranks(step, save.world_size)?;
+        if let Some(record) = outcome.record() {
+            check_holds(record, &manifest)?;
+        }
+        Ok(outcome)
+    }
+
+    /// Commits `step` from its `world_size` rank manifests, all of which must be written:
+    /// what the rank that sees them all does, for a caller that knows they are (a job's
+    /// launcher after every rank exited, or a rendezvous that left the commit to nobody).
+    /// Idempotent: a step committed already is checked to be what these manifests make.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] naming a missing manifest; [`ErrorKind::InvalidInput`] naming a
+    /// tensor whose slices overlap, leave a gap or disagree on dtype or shape;
+    /// [`ErrorKind::Corrupt`] when the committed record differs from these manifests'; the
+    /// storage's errors.
+    pub fn commit_ranks(&self, step: u64, world_size: u32) -> Result<RankOutcome> {
+        let dir = self.step_dir(step);
+        let record_key = format!("{dir}/{COMMIT_RECORD}");
+        match self.read_record(step) {
+            Ok(record) => return Ok(RankOutcome::CommittedByAnother(record)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let keys: Vec<String> = (0..world_size)
+            .map(|rank| manifest_key(&dir, rank, world_size))
+            .collect();
+        let manifests = read_all(self.storage.as_ref(), &keys)?;
+        let record = merge(step, world_size, manifests)?;
+        let durability = crate::Durability::default();
+        match write_new(
+            self.storage.as_ref(),
+            &record_key,
+            &encode(&record)?,
+            durability,
+        ) {
+            Ok(()) => Ok(RankOutcome::Committed(record)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                let committed = self.read_record(step)?;
+                let timeless = |r: &CommitRecord| CommitRecord {
+                    time_unix_ms: 0,
+                    ..r.clone()
+                };
+                if timeless(&committed) != timeless(&record) {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "step {step} is committed with a record these manifests do not make"
+                        ),
+                    )
+                    .with_key(&record_key));
+                }
+                Ok(RankOutcome::CommittedByAnother(committed))
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Whether two manifests hold the same content, wherever their containers were written.
+fn same_content(a: &RankManifest, b: &RankManifest) -> bool {
+    let placeless = |m: &RankManifest| {
+        let file = |key: &str| key.rsplit('/').next().unwrap_or(key).to_owned();
+        let mut m = m.clone();
+        for container in &mut m.containers {
+            container.key = file(&container.key);
+        }
+        for tensor in m.tensors.values_mut() {
+            tensor.container = file(&tensor.container);
+        }
+        m
+    };
+    placeless(a) == placeless(b)
+}
+
+/// Fails unless `record` holds `manifest`'s containers and slices as written.
+fn check_holds(record: &CommitRecord, manifest: &RankManifest) -> Result<()> {
+    let containers_held = manifest
+        .containers
+        .iter()
+        .all(|c| record.containers.contains(c));
+    let slices_held = manifest.tensors.iter().all(|(name, tensor)| {
+        record.tensors.get(name).is_some_and(|logical| {
+            logical.slices.iter().any(|slice| {
+                slice.rank == manifest.rank
+                    && slice.container == tensor.container
+                    && slice.region == tensor.region
+            })
+        })
+    });
+    if containers_held && slices_held && record.world_size == Some(manifest.world_size) {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Corrupt,
+        format!(
+            "step {} is committed without rank {}'s part as its manifest has it",
+            manifest.step, manifest.rank
+        ),
+    ))
+}
+
+/// The commit record `world_size` manifests make, each tensor's slices checked to tile it.
+fn merge(step: u64, world_size: u32, manifests: Vec<RankManifest>) -> Result<CommitRecord> {
+    let mut containers = Vec::new();
+    let mut tensors: BTreeMap<String, LogicalTensor> = BTreeMap::new();
+    let mut format = None;
+    let mut metadata = BTreeMap::new();
+    for (rank, manifest) in (0..world_size).zip(manifests) {
+        if manifest.weightbay_rank_manifest != MANIFEST_VERSION
+            || manifest.step != step
+            || manifest.rank != rank
+            || manifest.world_size != world_size
+        {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "the manifest of rank {rank} of {world_size} for step {step} says rank {} of {} for step {} (version {})",
+                    manifest.rank,
+                    manifest.world_size,
+                    manifest.step,
+                    manifest.weightbay_rank_manifest
+                ),
+            ));
+        }
+        match &format {
+            None => format = Some(manifest.format.clone()),
+            Some(f) if *f != manifest.format => {
+                return Err(Error::invalid(format!(
+                    "rank {rank} wrote {}, rank 0 {f}: a checkpoint has one format",
+                    manifest.format
+                )));
+            }
+            Some(_) => {}
+        }
+        if rank == 0 {
+            metadata = manifest.metadata;
+        }
+        containers.extend(manifest.containers);
+        for (name, tensor) in manifest.tensors {
+            let logical = tensors
+                .entry(name.clone())
+                .or_insert_with(|| LogicalTensor {
+                    dtype: tensor.dtype.clone(),
+                    shape: tensor.shape.clone(),
+                    slices: Vec::new(),
+                });
+            if logical.dtype != tensor.dtype || logical.shape != tensor.shape {
+                return Err(Error::invalid(format!(
+                    "tensor `{name}`: rank {rank} has it as {} {:?}, an earlier rank as {} {:?}",
+                    tensor.dtype, tensor.shape, logical.dtype, logical.shape
+                )));
+            }
+            tensor
+                .region
+                .within(&tensor.shape)
+                .map_err(|e| in_tensor(e, &name, &format!("rank {rank}'s region")))?;
+            logical.slices.push(SliceRecord {
+                rank,
+                container: tensor.container,
+                region: tensor.region,
+            });
+        }
+    }
+    for (name, logical) in &tensors {
+        check_tiling(name, logical)?;
+    }
+    Ok(CommitRecord {
+        weightbay_checkpoint: RECORD_VERSION,
+        step,
+        time_unix_ms: now_unix_ms(),
+        format: format.unwrap_or_default(),
+        metadata,
+        index: None,
+        containers,
+        world_size: Some(world_size),
+        tensors,
+    })
+}
+
+/// Fails, naming the tensor, unless its slices cover every element exactly once: no two
+/// overlap (found by a sweep along the dimension where their starts differ most) and
+/// together they hold as many elements as the tensor.
+fn check_tiling(name: &str, logical: &LogicalTensor) -> Result<()> {
+    let slices = &logical.slices;
+    let dims = logical.shape.len();
+    let sweep = (0..dims)
+        .max_by_key(|&dim| {
+            slices
+                .iter()
+                .map(|s| s.region.offsets[dim])
+                .collect::<BTreeSet<_>>()
+                .len()
+        })
+        .unwrap_or(0);
+    let mut order: Vec<&SliceRecord> = slices.iter().collect();
+    if dims > 0 {
+        order.sort_by_key(|s| s.region.offsets[sweep]);
+    }
+    let mut active: Vec<&SliceRecord> = Vec::new();
+    for slice in order {
+        if dims > 0 {
+            let start = slice.region.offsets[sweep];
+            active.retain(|a| a.region.offsets[sweep] + a.region.lengths[sweep] > start);
+        }
+        if let Some(other) = active
+            .iter()
+            .find(|a| a.region.intersect(&slice.region).is_some())
+        {
+            return Err(Error::invalid(format!(
+                "tensor `{name}`: the slices of ranks {} ({:?}) and {} ({:?}) overlap",
+                other.rank, other.region, slice.rank, slice.region
+            )));
+        }
+        active.push(slice);
+    }
+    let total = Region::whole(&logical.shape).elements();
+    let covered: u64 = slices.iter().map(|s| s.region.elements()).sum();
+    if covered != total {
+        return Err(Error::invalid(format!(
+            "tensor `{name}`: its slices hold {covered} of its {total} elements"
+        )));
+    }
+    Ok(())
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec_pretty(value).map_err(|e| Error::invalid(format!("encoding JSON: {e}")))
+}
+
+/// Reads and decodes the small JSON file at `key` (`what` names it in errors).
+pub(crate) fn read_json<T: DeserializeOwned>(
+    storage: &dyn Storage,
+    key: &str,
+    what: &str,
+) -> Result<T> {
+    let source = storage.open(key).map_err(|e| e.with_key(key))?;
+    if source.len() > MAX_RECORD_LEN {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!("{what} over {MAX_RECORD_LEN} bytes"),
+        )
+        .with_key(key));
+    }
+    let mut body = vec![0; source.len() as usize];
+    source.read_at(0, &mut body).map_err(|e| e.with_key(key))?;
+    serde_json::from_slice(&body).map_err(|e| {
+        Error::new(ErrorKind::Corrupt, format!("unreadable {what}: {e}")).with_key(key)
+    })
+}
+
+/// Every manifest at `keys`, in order, read up to [`PARALLEL_READS`] at a time: each read is
+/// a round trip on an object store, and thousands of ranks must not cost thousands of them
+/// one after another.
+fn read_all(storage: &dyn Storage, keys: &[String]) -> Result<Vec<RankManifest>> {
+    let threads = keys.len().clamp(1, PARALLEL_READS);
+    let mut results: Vec<Option<Result<RankManifest>>> = (0..keys.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let chunks: Vec<_> = results
+            .chunks_mut(keys.len().div_ceil(threads).max(1))
+            .zip(keys.chunks(keys.len().div_ceil(threads).max(1)))
+            .map(|(out, keys)| {
+                scope.spawn(move || {
+                    for (slot, key) in out.iter_mut().zip(keys) {
+                        *slot = Some(read_json(storage, key, "rank manifest"));
+                    }
+                })
+            })
+            .collect();
+        for chunk in chunks {
+            let _ = chunk.join();
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Io, "a manifest read panicked"))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manifest_keys_parse_back_and_nothing_else_does() {
+        let key = manifest_key("run/step-7", 3, 12);
+        assert_eq!(key, "run/step-7/ranks/rank-00003-of-00012.json");
+        assert_eq!(parse_manifest_key("run/step-7", &key), Some((3, 12)));
+        for other in [
+            "run/step-7/ranks/rank-3-of-12.json",
+            "run/step-7/ranks/rank-00012-of-00012.json",
+            "run/step-7/x/rank-00003-of-00012.json",
+            "run/step-70/ranks/rank-00003-of-00012.json",
+        ] {
+            assert_eq!(parse_manifest_key("run/step-7", other), None, "{other}");
+        }
+    }
+}
