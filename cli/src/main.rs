@@ -460,11 +460,12 @@ fn copy_checkpoints(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The `ls` table.
+/// The `ls` table. A checkpoint written by several ranks shows their number; a step whose
+/// ranks are still writing (or died) shows which ranks' manifests are missing.
 fn ls_table(statuses: &[StepStatus]) -> String {
     let mut out = format!(
-        "{:>12}  {:<23}  {:>14}  {:<11}  {:>10}  state\n",
-        "step", "time", "bytes", "format", "containers"
+        "{:>12}  {:<23}  {:>14}  {:<11}  {:>10}  {:>5}  state\n",
+        "step", "time", "bytes", "format", "containers", "ranks"
     );
     for status in statuses {
         let (time, format, containers) = match &status.record {
@@ -475,20 +476,53 @@ fn ls_table(statuses: &[StepStatus]) -> String {
             ),
             None => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
         };
-        let state = match &status.state {
-            StepState::Complete => "complete".to_owned(),
-            StepState::Damaged(why) => format!("DAMAGED: {why}"),
-            StepState::Uncommitted => "uncommitted (saving, or a save that died)".to_owned(),
+        let ranks = match (&status.record, &status.ranks) {
+            (Some(record), _) => record.world_size.map(|w| w.to_string()),
+            (None, Some(progress)) => Some(format!(
+                "{}/{}",
+                progress.written.len(),
+                progress.world_size
+            )),
+            (None, None) => None,
+        };
+        let state = match (&status.state, &status.ranks) {
+            (StepState::Complete, _) => "complete".to_owned(),
+            (StepState::Damaged(why), _) => format!("DAMAGED: {why}"),
+            (StepState::Uncommitted, Some(progress)) if !progress.missing().is_empty() => {
+                format!(
+                    "uncommitted: waiting for rank(s) {} (still writing, or died)",
+                    rank_list(&progress.missing())
+                )
+            }
+            (StepState::Uncommitted, Some(_)) => {
+                "uncommitted: every rank wrote its manifest, none committed (a rank's \
+                 rerun, or Checkpoints::commit_ranks, commits it)"
+                    .to_owned()
+            }
+            (StepState::Uncommitted, None) => {
+                "uncommitted (saving, or a save that died)".to_owned()
+            }
         };
         out += &format!(
-            "{:>12}  {time:<23}  {:>14}  {format:<11}  {containers:>10}  {state}\n",
-            status.step, status.stored_bytes
+            "{:>12}  {time:<23}  {:>14}  {format:<11}  {containers:>10}  {:>5}  {state}\n",
+            status.step,
+            status.stored_bytes,
+            ranks.as_deref().unwrap_or("-")
         );
     }
     if statuses.is_empty() {
         out += "(no checkpoints)\n";
     }
     out
+}
+
+/// Ranks as `0, 3, 5` — at most 16 of them, then how many more.
+fn rank_list(ranks: &[u32]) -> String {
+    let shown: Vec<String> = ranks.iter().take(16).map(u32::to_string).collect();
+    match ranks.len() {
+        n if n > 16 => format!("{} and {} more", shown.join(", "), n - 16),
+        _ => shown.join(", "),
+    }
 }
 
 fn inspect_table(reader: &Reader) -> String {

@@ -377,3 +377,83 @@ fn checkpoint_prefixes_list_verify_gc_and_copy() {
     assert!(output.status.success(), "{stderr}");
     assert!(stdout.contains("ok: step 300"), "{stdout}");
 }
+
+/// A checkpoint written by four ranks as row slices: `ls` shows its ranks, and the step whose
+/// last rank has not written yet names that rank; `verify` reads every rank's container and
+/// catches a flipped bit in one; `cp` copies it so it loads whole elsewhere.
+#[test]
+fn multi_rank_checkpoints_list_verify_and_copy() {
+    use weightbay::checkpoints::{Checkpoints, RankSave, Region};
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = Checkpoints::new(weightbay_local::LocalStorage::new(dir.path()), "run");
+    let rows: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let save = |step: u64, rank: u32| {
+        let region = Region::split(&[16, 4], 0, 4, u64::from(rank));
+        let start = region.offsets[0] as usize * 4;
+        let slice = &rows[start..start + region.elements() as usize];
+        let writer = Writer::new(vec![Tensor::from_slice("w", [4, 4], slice)]);
+        checkpoints
+            .save_rank(
+                step,
+                RankSave::new(rank, 4, writer).with_slice("w", [16, 4], region),
+            )
+            .unwrap();
+    };
+    for rank in 0..4 {
+        save(100, rank);
+    }
+    for rank in [0, 1, 3] {
+        save(200, rank);
+    }
+    let run = dir.path().join("run");
+    let run = run.to_str().unwrap();
+    let output = weightbay(&["ls", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    let line = |step: &str| {
+        stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(step))
+            .unwrap_or_else(|| panic!("no step {step} in {stdout}"))
+            .to_owned()
+    };
+    assert!(
+        line("100").contains("complete") && line("100").contains("  4  "),
+        "{stdout}"
+    );
+    assert!(
+        line("200").contains("3/4") && line("200").contains("waiting for rank(s) 2"),
+        "{stdout}"
+    );
+
+    let output = weightbay(&["verify", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains("ok: step 100: 4 containers"), "{stdout}");
+    let copy = dir.path().join("elsewhere/run");
+    let output = weightbay(&["cp", run, copy.to_str().unwrap()]);
+    assert!(output.status.success(), "{:?}", text(&output));
+    let copied = Checkpoints::new(
+        weightbay_local::LocalStorage::new(dir.path()),
+        "elsewhere/run",
+    );
+    let weights = copied.open(100).unwrap().assembled().unwrap();
+    assert_eq!(weights.read_as::<f32>("w").unwrap(), rows);
+
+    let record = checkpoints.open(100).unwrap().record().clone();
+    let path = dir
+        .path()
+        .join("run/step-100")
+        .join(&record.containers[2].key);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    std::fs::write(&path, bytes).unwrap();
+    let output = weightbay(&["verify", run]);
+    let (stdout, _) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("rank-00002") && stdout.contains("CRC32C"),
+        "{stdout}"
+    );
+}
