@@ -6,6 +6,7 @@
 mod burn;
 mod candle;
 mod lifecycle;
+mod ranks;
 mod remote;
 mod stall;
 mod throttled;
@@ -194,19 +195,13 @@ impl Table {
 }
 
 fn row_text(row: &Row) -> String {
-    let ours = if row.bytes > 0 {
-        format!("{:.2} GiB/s", gib_per_s(row.bytes, row.ours))
-    } else {
-        format!("{:.1} ms", row.ours.as_secs_f64() * 1e3)
-    };
+    let cells = Cells::of(row);
     match &row.peer {
-        Some((name, time)) => format!(
-            "{}: {ours} vs {name} {:.2} GiB/s = {:.2}x",
-            row.case,
-            gib_per_s(row.bytes, *time),
-            time.as_secs_f64() / row.ours.as_secs_f64().max(1e-12)
+        Some(_) => format!(
+            "{}: {} vs {} {} = {}",
+            row.case, cells.ours, cells.peer_name, cells.peer, cells.ratio
         ),
-        None => format!("{}: {ours}", row.case),
+        None => format!("{}: {}", row.case, cells.ours),
     }
 }
 
@@ -519,6 +514,7 @@ const CASES: &[Case] = &[
     ),
     (&["candle"], candle::candle_cases),
     (&["burn"], burn::burn_cases),
+    (&["rank commit", "resharded load"], ranks::ranks_cases),
 ];
 
 fn run(args: &Args) -> Result<()> {
@@ -890,15 +886,19 @@ struct Cells<'a> {
 
 impl<'a> Cells<'a> {
     fn of(row: &'a Row) -> Self {
-        let ours = if row.bytes > 0 {
-            format!("{:.2} GiB/s", gib_per_s(row.bytes, row.ours))
-        } else {
-            format!("{:.1} ms", row.ours.as_secs_f64() * 1e3)
+        // Rows without bytes are times, peers included.
+        let figure = |time: Duration| {
+            if row.bytes > 0 {
+                format!("{:.2} GiB/s", gib_per_s(row.bytes, time))
+            } else {
+                format!("{:.1} ms", time.as_secs_f64() * 1e3)
+            }
         };
+        let ours = figure(row.ours);
         let (peer_name, peer, ratio_value) = match &row.peer {
             Some((name, time)) => (
                 name.as_str(),
-                format!("{:.2} GiB/s", gib_per_s(row.bytes, *time)),
+                figure(*time),
                 Some(time.as_secs_f64() / row.ours.as_secs_f64().max(1e-12)),
             ),
             None => ("", String::new(), None),

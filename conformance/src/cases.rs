@@ -1654,8 +1654,8 @@ pub fn checkpoint_lifecycle<H: Harness>(harness: &H) -> Outcome {
 /// exactly once without a coordinator, nobody sees the step complete before every rank's
 /// manifest is written, a restarted rank is idempotent, a second process running as a rank
 /// with other content is refused by name, two ranks that both see every manifest commit
-/// once, slices that overlap are refused, a save failing at any operation never leaves a
-/// damaged step, and every layout loads the same bytes.
+/// once, so do six ranks finishing together, slices that overlap are refused, a save failing
+/// at any operation never leaves a damaged step, and every layout loads the same bytes.
 pub fn multi_rank_commit<H: Harness>(harness: &H) -> Outcome {
     let case = "multi_rank_commit";
     let storage = harness.fresh();
@@ -1828,6 +1828,44 @@ pub fn multi_rank_commit<H: Harness>(harness: &H) -> Outcome {
     }
     check_loads(2, "after the race");
 
+    // Six ranks finishing together through the listing: one commits, the others that see
+    // every manifest leave it to that one (the commit intent), and it loads.
+    let together = Arc::new(Barrier::new(6));
+    let ranks: Vec<_> = (0..6u32)
+        .map(|rank| {
+            let (checkpoints, together) = (checkpoints.clone(), Arc::clone(&together));
+            let rank_save = SlicedModel::small(6, 15).rank_save(rank, 6, Writer::new);
+            std::thread::spawn(move || {
+                together.wait();
+                checkpoints.save_rank(6, rank_save)
+            })
+        })
+        .collect();
+    let outcomes: Vec<_> = ranks
+        .into_iter()
+        .map(|r| {
+            r.join()
+                .unwrap_or_else(|_| fail!(case, "a rank finishing together panicked"))
+        })
+        .collect();
+    let committed = outcomes
+        .iter()
+        .filter(|o| matches!(o, Ok(RankOutcome::Committed(_))))
+        .count();
+    if committed != 1 || outcomes.iter().any(Result::is_err) {
+        fail!(case, "six ranks finishing together: {outcomes:?}");
+    }
+    let weights = checkpoints
+        .open(6)
+        .and_then(|c| c.assembled())
+        .unwrap_or_else(|e| fail!(case, "opening step 6: {e}"));
+    for t in &SlicedModel::small(6, 15).tensors {
+        match weights.read(&t.name).and_then(|b| b.to_vec()) {
+            Ok(bytes) if bytes == t.bytes => {}
+            other => fail!(case, "step 6: {} reads as {other:?}", t.name),
+        }
+    }
+
     // Slices that overlap are refused at commit, naming the tensor; the step stays
     // uncommitted.
     for rank in 0..world {
@@ -1909,6 +1947,13 @@ pub fn multi_rank_commit<H: Harness>(harness: &H) -> Outcome {
     }
     for step in [1, 2, 4] {
         check_loads(step, "after gc");
+    }
+    if checkpoints.steps().ok().as_deref() != Some(&[1, 2, 4, 6]) {
+        fail!(
+            case,
+            "after gc the checkpoints are {:?}",
+            checkpoints.steps()
+        );
     }
     match save(&checkpoints, 2, 0) {
         Ok(RankOutcome::CommittedByAnother(_)) => {}

@@ -139,10 +139,10 @@ impl Storage for Counting {
 }
 
 /// What the docs state: a rank costs its container, one create-new manifest and one listing;
-/// the commit adds one read of the commit record's key, one read per manifest and one
-/// create-new.
+/// the committing rank adds the commit intent's create-new, one read per manifest and the
+/// commit record's create-new.
 #[test]
-fn a_rank_costs_its_upload_a_manifest_and_a_listing_and_the_commit_a_read_per_rank() {
+fn a_rank_costs_its_upload_a_manifest_and_a_listing_and_the_commit_a_read_per_manifest() {
     let storage = Arc::new(Counting {
         inner: MemoryStorage::new(),
         calls: Arc::default(),
@@ -160,7 +160,7 @@ fn a_rank_costs_its_upload_a_manifest_and_a_listing_and_the_commit_a_read_per_ra
     checkpoints
         .save_rank(1, model.rank_save(world - 1, world, Writer::new))
         .unwrap();
-    let committing = BTreeMap::from([("create", 3), ("list", 1), ("open", 1 + u64::from(world))]);
+    let committing = BTreeMap::from([("create", 4), ("list", 1), ("open", u64::from(world))]);
     assert_eq!(storage.take(), committing);
 }
 
@@ -193,11 +193,7 @@ fn a_barrier_replaces_the_listing() {
         matches!(outcomes[0], RankOutcome::Committed(_)),
         "{outcomes:?}"
     );
-    assert!(
-        outcomes[1..]
-            .iter()
-            .all(|o| *o == RankOutcome::Written { missing: vec![] })
-    );
+    assert!(outcomes[1..].iter().all(|o| *o == RankOutcome::Committing));
     assert!(!storage.take().contains_key("list"));
     assert_eq!(checkpoints.steps().unwrap(), [3]);
 }
@@ -362,4 +358,43 @@ fn slices_that_overlap_are_refused_even_when_the_element_count_adds_up() {
         }
     }
     assert!(checkpoints.steps().unwrap().is_empty());
+}
+
+/// Sixteen ranks finishing together: one commits, the others that saw every manifest leave it
+/// to that one, and the manifests are read once, not once per rank that saw them all.
+#[test]
+fn ranks_finishing_together_read_the_manifests_once() {
+    let storage = Arc::new(Counting {
+        inner: MemoryStorage::new(),
+        calls: Arc::default(),
+    });
+    let checkpoints = Checkpoints::over(storage.clone(), "run");
+    let model = SlicedModel::small(5, 40);
+    let world = 16;
+    let together = Arc::new(Barrier::new(world as usize));
+    let ranks: Vec<_> = (0..world)
+        .map(|rank| {
+            let (checkpoints, together) = (checkpoints.clone(), Arc::clone(&together));
+            let save = model.rank_save(rank, world, Writer::new);
+            std::thread::spawn(move || {
+                together.wait();
+                checkpoints.save_rank(5, save).unwrap()
+            })
+        })
+        .collect();
+    let outcomes: Vec<RankOutcome> = ranks.into_iter().map(|r| r.join().unwrap()).collect();
+    let committed = outcomes
+        .iter()
+        .filter(|o| matches!(o, RankOutcome::Committed(_)))
+        .count();
+    assert_eq!(committed, 1, "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(
+            o,
+            RankOutcome::Committed(_) | RankOutcome::Committing | RankOutcome::Written { .. }
+        )),
+        "{outcomes:?}"
+    );
+    assert_eq!(storage.take().get("open"), Some(&u64::from(world)));
+    assert_eq!(checkpoints.steps().unwrap(), [5]);
 }

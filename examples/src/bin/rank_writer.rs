@@ -62,6 +62,7 @@ fn save(checkpoints: &Checkpoints, step: u64, rank: u32, world_size: u32) -> Res
         RankOutcome::Committed(_) => "committed".to_owned(),
         RankOutcome::CommittedByAnother(_) => "committed by another rank".to_owned(),
         RankOutcome::Written { missing } => format!("written; missing ranks {missing:?}"),
+        RankOutcome::Committing => "written; another rank is committing".to_owned(),
     })
 }
 
