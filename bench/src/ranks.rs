@@ -338,7 +338,7 @@ fn resharded_load(b: &mut Bench<'_>) -> Result<()> {
     let storage: Arc<dyn Storage> = Arc::new(
         ObjectStorage::new(Arc::new(counted))?
             .with_prefix(s3.prefix().as_ref())?
-            .with_options(s3.options().clone()),
+            .with_options(*s3.options()),
     );
     let (tensors, rows, columns) = (16usize, 4096u64, 4096u64);
     let shape = [rows, columns];

@@ -100,11 +100,12 @@ fn four_row_writers_load_as_three_column_readers_and_one_whole() {
     }
 }
 
-/// Storage calls by kind, in front of another storage.
-#[derive(Debug)]
+/// Storage calls by kind, and bytes read, in front of a MemoryStorage.
+#[derive(Debug, Default)]
 struct Counting {
     inner: MemoryStorage,
     calls: Arc<Mutex<BTreeMap<&'static str, u64>>>,
+    bytes_read: Arc<AtomicU64>,
 }
 
 impl Counting {
@@ -113,6 +114,24 @@ impl Counting {
     }
     fn take(&self) -> BTreeMap<&'static str, u64> {
         std::mem::take(&mut self.calls.lock().unwrap())
+    }
+}
+
+/// A source whose reads are counted in bytes.
+#[derive(Debug)]
+struct CountedSource {
+    inner: Arc<dyn Source>,
+    bytes_read: Arc<AtomicU64>,
+}
+
+impl Source for CountedSource {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+        self.bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.inner.read_at(offset, buf)
     }
 }
 
@@ -126,7 +145,10 @@ impl Storage for Counting {
     }
     fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
         self.count("open");
-        self.inner.open(key)
+        Ok(Arc::new(CountedSource {
+            inner: self.inner.open(key)?,
+            bytes_read: Arc::clone(&self.bytes_read),
+        }))
     }
     fn delete(&self, key: &str) -> weightbay::Result<()> {
         self.count("delete");
@@ -143,10 +165,7 @@ impl Storage for Counting {
 /// commit record's create-new.
 #[test]
 fn a_rank_costs_its_upload_a_manifest_and_a_listing_and_the_commit_a_read_per_manifest() {
-    let storage = Arc::new(Counting {
-        inner: MemoryStorage::new(),
-        calls: Arc::default(),
-    });
+    let storage = Arc::new(Counting::default());
     let checkpoints = Checkpoints::over(storage.clone(), "run");
     let model = SlicedModel::small(1, 20);
     let world = 6;
@@ -167,10 +186,7 @@ fn a_rank_costs_its_upload_a_manifest_and_a_listing_and_the_commit_a_read_per_ma
 /// With a process group's barrier instead of the listing, rank 0 commits and nobody lists.
 #[test]
 fn a_barrier_replaces_the_listing() {
-    let storage = Arc::new(Counting {
-        inner: MemoryStorage::new(),
-        calls: Arc::default(),
-    });
+    let storage = Arc::new(Counting::default());
     let checkpoints = Checkpoints::over(storage.clone(), "run");
     let model = SlicedModel::small(3, 11);
     let world = 4;
@@ -198,27 +214,35 @@ fn a_barrier_replaces_the_listing() {
     assert_eq!(checkpoints.steps().unwrap(), [3]);
 }
 
-#[test]
-fn slices_that_leave_a_gap_are_refused_naming_the_tensor() {
+/// Two ranks' row slices of a tensor of `rows` rows, rank r's starting at row `r * stride`:
+/// the commit must be refused with an error naming the tensor and saying `why`.
+fn refused_slice_set(name: &str, rows: u64, stride: u64, why: &str) {
     let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
     for rank in 0..2u32 {
-        // Rows 0..2 and 3..5 of 5 rows: row 2 is nobody's.
-        let rows = Region::new([u64::from(rank) * 3, 0], [2, 2]);
-        let save = RankSave::new(
-            rank,
-            2,
-            Writer::new(vec![Tensor::from_slice("gappy", [2, 2], &[1u8, 2, 3, 4])]),
-        )
-        .with_slice("gappy", [5, 2], rows);
+        let region = Region::new([u64::from(rank) * stride, 0], [2, 2]);
+        let writer = Writer::new(vec![Tensor::from_slice(name, [2, 2], &[1u8, 2, 3, 4])]);
+        let save = RankSave::new(rank, 2, writer).with_slice(name, [rows, 2], region);
         let result = checkpoints.save_rank(1, save);
         if rank == 1 {
             let error = result.unwrap_err();
             assert_eq!(error.kind(), ErrorKind::InvalidInput);
-            assert!(error.to_string().contains("`gappy`"), "{error}");
-            assert!(error.to_string().contains("8 of its 10"), "{error}");
+            assert!(error.to_string().contains(&format!("`{name}`")), "{error}");
+            assert!(error.to_string().contains(why), "{error}");
         }
     }
     assert_eq!(checkpoints.list().unwrap()[0].state, StepState::Uncommitted);
+}
+
+#[test]
+fn slices_that_leave_a_gap_are_refused_naming_the_tensor() {
+    // Rows 0..2 and 3..5 of 5 rows: row 2 is nobody's.
+    refused_slice_set("gappy", 5, 3, "8 of its 10");
+}
+
+#[test]
+fn slices_that_overlap_are_refused_even_when_the_element_count_adds_up() {
+    // Rows 0..2 and 1..3 of 4 rows: row 1 twice, row 3 never, 8 elements in all.
+    refused_slice_set("twice", 4, 1, "overlap");
 }
 
 #[test]
@@ -269,53 +293,9 @@ fn bad_rank_saves_are_refused_before_anything_is_written() {
 /// gaps only within the 10% allowance.
 #[test]
 fn a_region_read_fetches_at_most_a_tenth_more_than_it_needs() {
-    #[derive(Debug)]
-    struct Fetched {
-        inner: Arc<dyn Source>,
-        bytes: Arc<AtomicU64>,
-    }
-    impl Source for Fetched {
-        fn len(&self) -> u64 {
-            self.inner.len()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
-            self.bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
-            self.inner.read_at(offset, buf)
-        }
-    }
-    #[derive(Debug)]
-    struct CountingReads {
-        inner: MemoryStorage,
-        bytes: Arc<AtomicU64>,
-    }
-    impl Storage for CountingReads {
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-        fn create(&self, key: &str, o: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
-            self.inner.create(key, o)
-        }
-        fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
-            Ok(Arc::new(Fetched {
-                inner: self.inner.open(key)?,
-                bytes: Arc::clone(&self.bytes),
-            }))
-        }
-        fn delete(&self, key: &str) -> weightbay::Result<()> {
-            self.inner.delete(key)
-        }
-        fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
-            self.inner.list(prefix)
-        }
-    }
-    let bytes = Arc::new(AtomicU64::new(0));
-    let checkpoints = Checkpoints::over(
-        Arc::new(CountingReads {
-            inner: MemoryStorage::new(),
-            bytes: Arc::clone(&bytes),
-        }),
-        "run",
-    );
+    let storage = Arc::new(Counting::default());
+    let bytes = Arc::clone(&storage.bytes_read);
+    let checkpoints = Checkpoints::over(storage, "run");
     let model = SlicedModel::new(1, &[("w", DType::F32, &[256, 64], Split::Along(0))]);
     save_all(&checkpoints, 1, &model, 4);
     let weights = checkpoints.open(1).unwrap().assembled().unwrap();
@@ -337,37 +317,11 @@ fn a_region_read_fetches_at_most_a_tenth_more_than_it_needs() {
     }
 }
 
-#[test]
-fn slices_that_overlap_are_refused_even_when_the_element_count_adds_up() {
-    let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
-    for rank in 0..2u32 {
-        // Rows 0..2 and 1..3 of 4 rows: row 1 twice, row 3 never, 8 elements in all.
-        let rows = Region::new([u64::from(rank), 0], [2, 2]);
-        let save = RankSave::new(
-            rank,
-            2,
-            Writer::new(vec![Tensor::from_slice("twice", [2, 2], &[1u8, 2, 3, 4])]),
-        )
-        .with_slice("twice", [4, 2], rows);
-        let result = checkpoints.save_rank(1, save);
-        if rank == 1 {
-            let error = result.unwrap_err();
-            assert_eq!(error.kind(), ErrorKind::InvalidInput);
-            assert!(error.to_string().contains("`twice`"), "{error}");
-            assert!(error.to_string().contains("overlap"), "{error}");
-        }
-    }
-    assert!(checkpoints.steps().unwrap().is_empty());
-}
-
 /// Sixteen ranks finishing together: one commits, the others that saw every manifest leave it
 /// to that one, and the manifests are read once, not once per rank that saw them all.
 #[test]
 fn ranks_finishing_together_read_the_manifests_once() {
-    let storage = Arc::new(Counting {
-        inner: MemoryStorage::new(),
-        calls: Arc::default(),
-    });
+    let storage = Arc::new(Counting::default());
     let checkpoints = Checkpoints::over(storage.clone(), "run");
     let model = SlicedModel::small(5, 40);
     let world = 16;

@@ -1,7 +1,7 @@
 //! weightbay: the storage layer for model checkpoints.
 //!
 //! A container format byte-compatible with Burnpack v1 (burn's `burn-pack`), with an optional
-//! CRC32C integrity trailer, and a safetensors codec beside it ([`format`]); a streaming
+//! CRC32C integrity trailer, and a safetensors codec beside it ([`format`](mod@format)); a streaming
 //! [`Writer`] that plans the layout first and never holds a whole checkpoint; a validating
 //! [`Reader`] that treats every file as untrusted; and the small traits storages plug into
 //! ([`Storage`], [`Sink`], [`Source`]), with [`MemoryStorage`] as the reference. Local files,

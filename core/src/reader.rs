@@ -69,7 +69,7 @@ impl Reader {
     /// [`Writer::write_to`].
     ///
     /// # Errors
-    /// The storage's errors (such as [`ErrorKind::NotFound`](crate::ErrorKind::NotFound)), and
+    /// The storage's errors (such as [`crate::ErrorKind::NotFound`]), and
     /// those of [`open`](Self::open), naming the key.
     pub fn open_key<S: Storage + ?Sized>(storage: &S, key: &str) -> Result<Self> {
         storage
@@ -231,7 +231,7 @@ impl Reader {
     /// read as `f32`, the type they are stored as.)
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when the tensor's dtype is
+    /// [`crate::ErrorKind::InvalidInput`] when the tensor's dtype is
     /// not `T`'s; as [`bytes`](Self::bytes).
     pub fn read_as<T: Element>(&self, name: &str) -> Result<Vec<T>> {
         let info = self.tensor(name)?;

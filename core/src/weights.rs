@@ -321,7 +321,7 @@ pub fn check_shard_name(name: &str) -> Result<()> {
 }
 
 /// A checkpoint split into shards, found through an index (`model.safetensors.index.json`,
-/// or the Burnpack equivalent written by [`crate::sharded::write_sharded`]) whose
+/// or the Burnpack equivalent written by [`ShardedWriter`](crate::sharded::ShardedWriter)) whose
 /// `weight_map` names each tensor's shard, relative to the index. Shards are opened on first
 /// use, from any [`Storage`].
 pub struct ShardedWeights {

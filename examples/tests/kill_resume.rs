@@ -6,6 +6,10 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::Moments;
+
 const PROGRAM: &str = env!("CARGO_BIN_EXE_train-resume");
 
 /// Runs the loop to its end at `url` and returns what it printed, and what it said on
@@ -17,28 +21,11 @@ fn run_to_end(url: &str) -> (String, String) {
     (String::from_utf8(output.stdout).unwrap(), stderr)
 }
 
-/// A small xorshift generator: the kill times, reproducible from the printed seed.
-struct Moments(u64);
-
-impl Moments {
-    fn next_ms(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % below
-    }
-}
-
 /// Kills the loop at random moments until it finishes on its own (or 40 kills landed), then
 /// runs it to its end and checks its result against an uninterrupted run's.
 fn killed_and_resumed(base: &str) {
     let (reference, _) = run_to_end(&format!("{base}/reference"));
-    let seed = std::env::var("WEIGHTBAY_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| u64::from(std::process::id()) | 1);
-    eprintln!("kill moments from seed {seed} (WEIGHTBAY_KILL_SEED replays them)");
-    let mut moments = Moments(seed);
+    let mut moments = Moments::from_env();
     let url = format!("{base}/killed");
     let mut kills = 0;
     for _ in 0..40 {
@@ -48,7 +35,7 @@ fn killed_and_resumed(base: &str) {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_millis(20 + moments.next_ms(300));
+        let deadline = Instant::now() + Duration::from_millis(20 + moments.next(300));
         while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
             std::thread::sleep(Duration::from_millis(2));
         }

@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 use weightbay::Storage;
 use weightbay::checkpoints::{Checkpoints, StepState};
 
+mod common;
+
+use common::Moments;
+
 const PROGRAM: &str = env!("CARGO_BIN_EXE_rank-writer");
 const WORLD: u32 = 4;
 const ROUNDS: u64 = 10;
@@ -30,18 +34,6 @@ fn run_to_end(args: &[String]) -> String {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "rank-writer {args:?}: {stderr}");
     String::from_utf8(output.stdout).unwrap()
-}
-
-/// A small xorshift generator: the victims and moments, reproducible from the printed seed.
-struct Moments(u64);
-
-impl Moments {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % below.max(1)
-    }
 }
 
 /// Fails if a step lists as complete without all four rank manifests.
@@ -67,12 +59,7 @@ fn killed_ranks_commit_once_rerun(url: &str, checkpoints: &Checkpoints, referenc
             WORLD.to_string(),
         ]
     };
-    let seed = std::env::var("WEIGHTBAY_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| u64::from(std::process::id()) | 1);
-    eprintln!("victims and moments from seed {seed} (WEIGHTBAY_KILL_SEED replays them)");
-    let mut moments = Moments(seed);
+    let mut moments = Moments::from_env();
     // Round 0 runs unkilled, and says how long a round takes here.
     let started = Instant::now();
     let children: Vec<Child> = (0..WORLD)

@@ -21,6 +21,11 @@
 //! [`ErrorKind::AlreadyExists`]. A save that dies leaves a directory without a record, which
 //! [`Checkpoints::gc`] removes once a newer checkpoint is complete.
 //!
+//! A job of many processes saves one step from every rank with [`Checkpoints::save_rank`]:
+//! each rank's container and manifest, committed once by the rank that sees them all, with no
+//! coordinator ([`RankSave`] has the protocol). [`Checkpoint::assembled`] loads it in any rank
+//! layout, by [`Region`].
+//!
 //! ```
 //! use weightbay::checkpoints::{Checkpoints, Retention};
 //! use weightbay::{MemoryStorage, Tensor, Writer};

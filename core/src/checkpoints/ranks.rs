@@ -1,37 +1,6 @@
 //! Multi-writer checkpoints: every rank of a job writes its own part of a step straight to
-//! the storage, and the step commits once, without a coordinator.
-//!
-//! # The protocol
-//!
-//! ```text
-//! <step>/<save>/rank-00003.bpk                     rank 3's tensors and tensor slices
-//! <step>/ranks/rank-00003-of-00004.json            rank 3's manifest, written with create-new
-//! <step>/commit.json                               the merged record, written with create-new
-//! ```
-//!
-//! 1. Each rank streams its container into a save directory of its own, then writes its
-//!    **manifest** with create-new: the container's key, length and CRC32C (taken while it
-//!    streamed), and every tensor or tensor slice in it with its global shape and
-//!    [`Region`]. No rank waits for another to write its data.
-//! 2. The rank then lists the step's manifests (one listing request per 1,000 ranks). The
-//!    last manifest written is always followed by a listing that sees it, so some rank sees
-//!    all `world_size` of them. When ranks finish together several do; they race to create
-//!    the step's **commit intent** (`ranks/committer`, create-new), and only the one that
-//!    creates it reads the manifests (up to 64 at a time), checks that every tensor's slices
-//!    tile it exactly (no overlap, no gap), and writes the commit record with create-new. The
-//!    others report [`RankOutcome::Committing`]. Without the intent every rank that sees all
-//!    would read every manifest: with ranks finishing together that is quadratic (8,027
-//!    reads for 256 simulated ranks, against 256 with it).
-//! 3. A rank whose manifest exists already (a restart, or a second process running as the
-//!    same rank) compares contents: the same content is success, its fresh container is
-//!    removed, and, being a rerun, it commits whatever the intent says (the rank that created
-//!    the intent may have died before committing; two commits racing still make one record,
-//!    and the loser checks it); other content is an error naming the rank, so a checkpoint
-//!    never mixes two writers' data.
-//!
-//! A rank that never finishes leaves the step uncommitted; [`Checkpoints::gc`] removes it
-//! once a newer checkpoint is complete. A framework that has a process group already can
-//! replace the listing with its barrier ([`RankSave::with_rendezvous`]).
+//! the storage, and the step commits once, without a coordinator. The protocol is described
+//! on [`RankSave`], the public face of this module.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -125,6 +94,39 @@ pub type Rendezvous = Arc<dyn Fn() -> Result<bool> + Send + Sync>;
 /// One rank's part of a multi-rank checkpoint: a [`Writer`] of its tensors (format,
 /// durability, trailer and metadata as the writer says), and which of them are slices of
 /// larger tensors. Saved by [`Checkpoints::save_rank`].
+///
+/// # The protocol
+///
+/// ```text
+/// <step>/<save>/rank-00003.bpk                     rank 3's tensors and tensor slices
+/// <step>/ranks/rank-00003-of-00004.json            rank 3's manifest, written with create-new
+/// <step>/ranks/committer                           the commit intent, written with create-new
+/// <step>/commit.json                               the merged record, written with create-new
+/// ```
+///
+/// 1. Each rank streams its container into a save directory of its own, then writes its
+///    **manifest** with create-new: the container's key, length and CRC32C (taken while it
+///    streamed), and every tensor or tensor slice in it with its global shape and
+///    [`Region`]. No rank waits for another to write its data.
+/// 2. The rank then lists the step's manifests (one listing request per 1,000 ranks). The
+///    last manifest written is always followed by a listing that sees it, so some rank sees
+///    all `world_size` of them. When ranks finish together several do; they race to create
+///    the step's **commit intent** (`ranks/committer`, create-new), and only the one that
+///    creates it reads the manifests (up to 64 at a time), checks that every tensor's slices
+///    tile it exactly (no overlap, no gap), and writes the commit record with create-new. The
+///    others report [`RankOutcome::Committing`]. Without the intent every rank that sees all
+///    would read every manifest: with ranks finishing together that is quadratic (8,027
+///    reads for 256 simulated ranks, against 256 with it).
+/// 3. A rank whose manifest exists already (a restart, or a second process running as the
+///    same rank) compares contents: the same content is success, its fresh container is
+///    removed, and, being a rerun, it commits whoever holds the intent (the rank that created
+///    the intent may have died before committing; two commits racing still make one record,
+///    and the loser checks it); other content is an error naming the rank, so a checkpoint
+///    never mixes two writers' data.
+///
+/// A rank that never finishes leaves the step uncommitted; [`Checkpoints::gc`] removes it
+/// once a newer checkpoint is complete. A framework that has a process group already can
+/// replace the listing with its barrier ([`with_rendezvous`](Self::with_rendezvous)).
 ///
 /// ```
 /// use weightbay::checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
@@ -349,8 +351,8 @@ pub(crate) fn progress(dir: &str, stored: &[Listed]) -> Option<RankProgress> {
 
 impl Checkpoints {
     /// Saves one rank's part of the checkpoint of `step` and, if this rank is the one that
-    /// sees every rank's manifest and creates the commit intent, commits it (see the
-    /// [module](self) for the protocol). Costs the container's upload, one create-new for the
+    /// sees every rank's manifest and creates the commit intent, commits it (see
+    /// [`RankSave`] for the protocol). Costs the container's upload, one create-new for the
     /// manifest and one listing (a request per 1,000 ranks); a rank that sees every manifest
     /// adds the intent's create-new, and the one that creates it a read per manifest (64 at a
     /// time) and the commit record's create-new.
