@@ -119,10 +119,10 @@ pub type Rendezvous = Arc<dyn Fn() -> Result<bool> + Send + Sync>;
 ///    reads for 256 simulated ranks, against 256 with it).
 /// 3. A rank whose manifest exists already (a restart, or a second process running as the
 ///    same rank) compares contents: the same content is success, its fresh container is
-///    removed, and, being a rerun, it commits whoever holds the intent (the rank that created
-///    the intent may have died before committing; two commits racing still make one record,
-///    and the loser checks it); other content is an error naming the rank, so a checkpoint
-///    never mixes two writers' data.
+///    removed, and, being a rerun, it commits whether or not another rank holds the intent
+///    (that rank may have died before committing; two commits racing still make one
+///    record, and the loser checks it); other content is an error naming the rank, so a
+///    checkpoint never mixes two writers' data.
 ///
 /// A rank that never finishes leaves the step uncommitted; [`Checkpoints::gc`] removes it
 /// once a newer checkpoint is complete. A framework that has a process group already can
