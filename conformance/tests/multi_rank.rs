@@ -352,3 +352,34 @@ fn ranks_finishing_together_read_the_manifests_once() {
     assert_eq!(storage.take().get("open"), Some(&u64::from(world)));
     assert_eq!(checkpoints.steps().unwrap(), [5]);
 }
+
+/// A commit record edited to disagree with the containers (another dtype, a shape far larger
+/// than what is stored) gives a clear error when read, never a panic or a huge allocation.
+#[test]
+fn a_record_that_disagrees_with_its_containers_is_refused_when_read() {
+    let model = SlicedModel::new(2, &[("w", DType::F32, &[8, 4], Split::Along(0))]);
+    for (from, to) in [
+        ("\"dtype\": \"F32\"", "\"dtype\": \"F16\""),
+        (
+            "\"shape\": [\n        8,",
+            "\"shape\": [\n        800000000000,",
+        ),
+    ] {
+        let storage = Arc::new(MemoryStorage::new());
+        let checkpoints = Checkpoints::over(storage.clone(), "run");
+        save_all(&checkpoints, 2, &model, 2);
+        let key = "run/step-2/commit.json";
+        let source = storage.open(key).unwrap();
+        let mut record = vec![0; source.len() as usize];
+        source.read_at(0, &mut record).unwrap();
+        let edited = String::from_utf8(record).unwrap().replacen(from, to, 1);
+        assert!(edited.contains(to), "the edit `{to}` did not apply");
+        storage.delete(key).unwrap();
+        let mut sink = storage.create(key, &CreateOptions::default()).unwrap();
+        sink.write(edited.as_bytes()).unwrap();
+        sink.commit().unwrap();
+        let weights = checkpoints.open(2).unwrap().assembled().unwrap();
+        let error = weights.read("w").unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Corrupt, "{to}: {error}");
+    }
+}

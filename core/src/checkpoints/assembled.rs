@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::ranks::LogicalTensor;
+use super::ranks::{LogicalTensor, SliceRecord};
 use super::region::{Region, coalesce, runs};
 use crate::weights::{StoredTensor, WeightSource};
 use crate::{AccessPolicy, Bytes, DType, Element, Error, ErrorKind, Reader, Result, Storage};
@@ -127,21 +127,43 @@ impl AssembledWeights {
                 out.push(self.reader(&only.container)?.bytes(name)?);
                 continue;
             }
-            let mut element_size = None;
+            // The record is read, not trusted: every overlapping slice must be stored with the
+            // record's dtype and shape, and together they must cover the region, before
+            // anything is allocated or copied.
+            let mut overlapping = Vec::new();
+            let mut covered = 0u64;
+            let mut element_size = 0;
             for slice in &logical.slices {
                 let Some(shared) = slice.region.intersect(region) else {
                     continue;
                 };
                 let reader = self.reader(&slice.container)?;
-                let info = stored_slice(&reader, name, &slice.region.lengths, &slice.container)?;
-                let size = info.dtype().element_size().ok_or_else(|| {
+                let info = stored_slice(&reader, name, logical, slice)?;
+                element_size = info.dtype().element_size().ok_or_else(|| {
                     Error::invalid(format!(
                         "tensor `{name}` of {} cannot be sliced",
                         info.dtype()
                     ))
                 })?;
-                element_size = Some(size);
-                let start = info.range().start;
+                covered = covered.saturating_add(shared.elements());
+                overlapping.push((slice, shared, info.range().start));
+            }
+            if covered != region.elements() {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "tensor `{name}`: the stored slices hold {covered} of the {} elements of {region:?}",
+                        region.elements()
+                    ),
+                )
+                .with_key(&self.dir));
+            }
+            // Both within the stored slices' bytes, which their readers checked.
+            let len = usize::try_from(covered * element_size)
+                .map_err(|_| Error::new(ErrorKind::OutOfRange, "region does not fit in memory"))?;
+            out.push(Bytes::zeroed(len, 64)?);
+            for (slice, shared, start) in overlapping {
+                let size = element_size;
                 copies.entry(slice.container.clone()).or_default().extend(
                     runs(&slice.region, region, &shared)
                         .into_iter()
@@ -153,11 +175,6 @@ impl AssembledWeights {
                         }),
                 );
             }
-            // No slice overlaps only an empty region: the commit checked the slices tile.
-            let len = region.elements() * element_size.unwrap_or(0);
-            let len = usize::try_from(len)
-                .map_err(|_| Error::new(ErrorKind::OutOfRange, "region does not fit in memory"))?;
-            out.push(Bytes::zeroed(len, 64)?);
         }
         for (container, copies) in copies {
             self.copy_from(&container, &copies, &mut out)?;
@@ -225,23 +242,29 @@ impl AssembledWeights {
     }
 }
 
-/// The stored tensor `name` of `reader`, checked to have the slice's lengths as its shape.
+/// The stored tensor `name` of `reader`, checked to be `slice` of `logical` as the commit
+/// record says: the slice's lengths as its shape, the logical tensor's dtype.
 fn stored_slice<'r>(
     reader: &'r Reader,
     name: &str,
-    lengths: &[u64],
-    container: &str,
+    logical: &LogicalTensor,
+    slice: &SliceRecord,
 ) -> Result<&'r crate::TensorInfo> {
-    let info = reader.tensor(name).map_err(|e| e.with_key(container))?;
-    if info.shape() != lengths {
+    let info = reader
+        .tensor(name)
+        .map_err(|e| e.with_key(&slice.container))?;
+    if info.shape() != slice.region.lengths || info.dtype().to_string() != logical.dtype {
         return Err(Error::new(
             ErrorKind::Corrupt,
             format!(
-                "tensor `{name}` is stored as {:?}, the commit record says {lengths:?}",
-                info.shape()
+                "tensor `{name}` is stored as {} {:?}, the commit record says {} {:?}",
+                info.dtype(),
+                info.shape(),
+                logical.dtype,
+                slice.region.lengths
             ),
         )
-        .with_key(container));
+        .with_key(&slice.container));
     }
     Ok(info)
 }

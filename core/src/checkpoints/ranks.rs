@@ -388,6 +388,7 @@ impl Checkpoints {
         let format = save.writer.format();
         let durability = save.writer.durability();
         let key = format!("{save_dir}/rank-{:05}.{}", save.rank, format.extension());
+        // `save_dir` is `dir` and a token, so the keys written here all start with `dir/`.
         let relative = key[dir.len() + 1..].to_owned();
         let tensors = save.tensors(&relative)?;
         let metadata = save.writer.metadata().clone();
@@ -704,7 +705,9 @@ fn check_tiling(name: &str, logical: &LogicalTensor) -> Result<()> {
         active.push(slice);
     }
     let total = Region::whole(&logical.shape).elements();
-    let covered: u64 = slices.iter().map(|s| s.region.elements()).sum();
+    let covered = slices
+        .iter()
+        .fold(0u64, |sum, s| sum.saturating_add(s.region.elements()));
     if covered != total {
         return Err(Error::invalid(format!(
             "tensor `{name}`: its slices hold {covered} of its {total} elements"
