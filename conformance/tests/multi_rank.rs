@@ -383,3 +383,28 @@ fn a_record_that_disagrees_with_its_containers_is_refused_when_read() {
         assert_eq!(error.kind(), ErrorKind::Corrupt, "{to}: {error}");
     }
 }
+
+/// Regions asked for together may overlap, and may be exactly a stored slice: each reads
+/// what it asked for.
+#[test]
+fn overlapping_regions_read_together_each_get_their_bytes() {
+    let model = SlicedModel::new(4, &[("w", DType::U16, &[12, 10], Split::Along(0))]);
+    let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    save_all(&checkpoints, 4, &model, 3);
+    let weights = checkpoints.open(4).unwrap().assembled().unwrap();
+    let regions = [
+        Region::new([0, 0], [12, 10]),
+        Region::new([2, 3], [7, 5]),
+        Region::new([3, 0], [6, 10]),
+        Region::split(&[12, 10], 0, 3, 1),
+    ];
+    let wanted: Vec<(&str, Region)> = regions.iter().map(|r| ("w", r.clone())).collect();
+    let read = weights.read_regions(&wanted).unwrap();
+    for (region, bytes) in regions.iter().zip(read) {
+        assert_eq!(
+            bytes.to_vec().unwrap(),
+            model.region_bytes(&model.tensors[0], region),
+            "{region:?}"
+        );
+    }
+}

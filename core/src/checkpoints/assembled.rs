@@ -19,7 +19,7 @@ const GAP_ALLOWANCE: u64 = 10;
 ///
 /// A read gathers every run of bytes the asked-for boxes need from each container in one
 /// batched [`Source::fetch`](crate::Source::fetch), merging runs across gaps only while the
-/// bytes fetched stay within 10% of the bytes needed. A box that is exactly one stored slice
+/// bytes fetched stay within 10% of the bytes needed. A box that is exactly a stored slice
 /// is handed out as the container's own bytes (lazy, or zero-copy from a map).
 #[derive(Debug)]
 pub struct AssembledWeights {
@@ -121,10 +121,11 @@ impl AssembledWeights {
             region
                 .within(&logical.shape)
                 .map_err(|e| Error::invalid(format!("reading tensor `{name}`")).with_source(e))?;
-            if let [only] = logical.slices.as_slice()
-                && only.region == *region
-            {
-                out.push(self.reader(&only.container)?.bytes(name)?);
+            // Exactly a stored slice (the layout that wrote it): the container's own bytes.
+            if let Some(slice) = logical.slices.iter().find(|s| s.region == *region) {
+                let reader = self.reader(&slice.container)?;
+                stored_slice(&reader, name, logical, slice)?;
+                out.push(reader.bytes(name)?);
                 continue;
             }
             // The record is read, not trusted: every overlapping slice must be stored with the
@@ -185,9 +186,16 @@ impl AssembledWeights {
     /// Fetches the byte runs `copies` need from `container`, merged as [`GAP_ALLOWANCE`]
     /// allows, and copies each into its output.
     fn copy_from(&self, container: &str, copies: &[Copy], out: &mut [Bytes]) -> Result<()> {
-        let mut needed: Vec<Range<u64>> = copies.iter().map(|c| c.at..c.at + c.len).collect();
-        needed.sort_unstable_by_key(|r| r.start);
-        needed.dedup();
+        let mut runs: Vec<Range<u64>> = copies.iter().map(|c| c.at..c.at + c.len).collect();
+        runs.sort_unstable_by_key(|r| r.start);
+        // Regions asked for together may overlap: fetch each byte once.
+        let mut needed: Vec<Range<u64>> = Vec::with_capacity(runs.len());
+        for run in runs {
+            match needed.last_mut() {
+                Some(last) if run.start <= last.end => last.end = last.end.max(run.end),
+                _ => needed.push(run),
+            }
+        }
         // Touching runs merge for free; the allowance buys merges across the smallest gaps.
         let needed_bytes: u64 = needed.iter().map(|r| r.end - r.start).sum();
         let ranges = coalesce(&needed, needed_bytes / GAP_ALLOWANCE);

@@ -359,7 +359,9 @@ impl Checkpoints {
     /// Saves `writer`'s tensors as the checkpoint of `step` (one container, or shards with
     /// [`SaveOptions::sharded`]), then writes its commit record with create-new. Waits first
     /// for a save in flight (from [`save_in_background`](Self::save_in_background)) to end. On
-    /// failure the containers this save wrote are removed again.
+    /// failure the containers this save wrote are removed again, unless the record's own
+    /// create-new failed in a way that may have written it (then they stay for
+    /// [`gc`](Self::gc), since the record may name them).
     ///
     /// # Errors
     /// [`ErrorKind::AlreadyExists`] when `step` is committed already (by another saver too);
@@ -509,12 +511,18 @@ impl Checkpoints {
         };
         let body = serde_json::to_vec_pretty(&record)
             .map_err(|e| Error::invalid(format!("encoding the commit record: {e}")))?;
-        let committed = write_new(self.storage.as_ref(), &record_key, &body, durability);
-        if let Err(e) = committed {
-            recording.remove_all();
-            return Err(e);
+        match write_new(self.storage.as_ref(), &record_key, &body, durability) {
+            Ok(()) => Ok(record),
+            Err(e) => {
+                if e.kind() == ErrorKind::AlreadyExists {
+                    recording.remove_all();
+                }
+                // Otherwise the record may have been written all the same (a request whose
+                // answer was lost), naming these containers: they stay, and `gc` removes
+                // them if no record names them.
+                Err(e)
+            }
         }
-        Ok(record)
     }
 
     /// Every step under the prefix, committed or not, oldest first, with its state: one

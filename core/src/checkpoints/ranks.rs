@@ -448,10 +448,10 @@ impl Checkpoints {
                 rerun = true;
                 first
             }
-            Err(e) => {
-                recording.remove_all();
-                return Err(e);
-            }
+            // The manifest may have been written all the same (a request whose answer was
+            // lost), naming this container: it stays, a rerun finds the manifest and reuses
+            // it, and `gc` removes the container if nothing names it.
+            Err(e) => return Err(e),
         };
         let outcome = match &save.rendezvous {
             Some(decide) if decide()? => self.commit_ranks(step, save.world_size)?,
