@@ -202,13 +202,35 @@ impl AssembledWeights {
         let reader = self.reader(container)?;
         let fetched = reader.source().fetch(&ranges)?;
         for copy in copies {
+            // Every copy's run lies inside one merged range, and its target inside the output
+            // sized for its region; only a backend whose fetch returned other lengths than
+            // asked could miss, and that is its error, not a panic here.
             let i = ranges.partition_point(|r| r.end <= copy.at);
-            let (range, bytes) = (&ranges[i], &fetched[i]);
-            let from = (copy.at - range.start) as usize;
+            let len = copy.len as usize;
+            let source = ranges
+                .get(i)
+                .zip(fetched.get(i))
+                .and_then(|(range, bytes)| {
+                    let from = usize::try_from(copy.at.checked_sub(range.start)?).ok()?;
+                    Some((from, bytes))
+                });
+            let short = || {
+                Error::new(
+                    ErrorKind::Io,
+                    "a batched read returned other lengths than asked",
+                )
+                .with_key(container)
+            };
+            let (from, bytes) = source.ok_or_else(short)?;
             let data = bytes.read(AccessPolicy::AllowCopy)?;
-            let target = out[copy.out].make_mut()?;
-            target[copy.to..copy.to + copy.len as usize]
-                .copy_from_slice(&data[from..from + copy.len as usize]);
+            let piece = data.get(from..from + len).ok_or_else(short)?;
+            let target = out
+                .get_mut(copy.out)
+                .ok_or_else(short)?
+                .make_mut()?
+                .get_mut(copy.to..copy.to + len)
+                .ok_or_else(short)?;
+            target.copy_from_slice(piece);
         }
         Ok(())
     }

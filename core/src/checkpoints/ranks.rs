@@ -411,6 +411,7 @@ impl Checkpoints {
             containers: recording
                 .written()
                 .into_iter()
+                // Written at `key` above, under `dir/` like it.
                 .map(|(key, len, crc32c)| ContainerRecord {
                     key: key[dir.len() + 1..].to_owned(),
                     len,
