@@ -5,7 +5,7 @@ use std::hint::black_box;
 
 use candle_core::{DType as CandleDType, Device};
 use candle_nn::VarBuilder;
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{Reader, Result, Writer};
 use weightbay_candle::WeightbayBackend;
 use weightbay_mmap::MmapStorage;

@@ -7,9 +7,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weightbay::checkpoints::{Checkpoints, Retention, SaveOptions};
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{DType, Durability, Result, Tensor, Writer};
+use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions};
 use weightbay_local::LocalStorage;
 
 use crate::{Bench, Row, Start, io, median, paired, print_runs, timed};

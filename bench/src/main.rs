@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{
     AccessPolicy, Bytes, DType, Error, Reader, Result, Storage, Tensor, WeightComponentSpec,
     WeightSource, Writer,

@@ -17,8 +17,8 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
 };
-use weightbay::checkpoints::{Checkpoints, RankSave, Region};
 use weightbay::{Error, ErrorKind, Result, Storage, Tensor, Writer};
+use weightbay_checkpoints::{Checkpoints, RankSave, Region};
 use weightbay_object_store::ObjectStorage;
 
 use crate::{Bench, Row, median, print_runs};

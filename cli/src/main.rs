@@ -10,9 +10,9 @@ use std::sync::{Arc, LazyLock};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use target::{Target, resolve};
-use weightbay::checkpoints::{Checkpoints, Retention, StepState, StepStatus};
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{Durability, ErrorKind, Reader, Result, Scalar, WriteMode, Writer};
+use weightbay_checkpoints::{Checkpoints, Retention, StepState, StepStatus};
 use weightbay_object_store::Location;
 
 /// Checkpoints on local disk, in memory maps, and in object storage.
@@ -153,7 +153,7 @@ fn retry() -> object_store::RetryConfig {
 /// object was replaced while it was read, saying so: the copy or verify then covers one whole
 /// version, the newest.
 fn restarting<T>(what: &str, attempt: impl FnMut() -> Result<T>) -> Result<T> {
-    weightbay::reader::retry_on_change(3, attempt, |e, attempt| {
+    weightbay::retry_on_change(3, attempt, |e, attempt| {
         eprintln!(
             "{what} changed while it was read ({e}); starting over on its new version (attempt {attempt} of 3)"
         );

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
-use weightbay::checkpoints::{Checkpoint, Checkpoints, StepState};
-use weightbay::weights::ShardedWeights;
+use weightbay::ShardedWeights;
 use weightbay::{Error, ErrorKind, Reader, Result, Tensor};
+use weightbay_checkpoints::{Checkpoint, Checkpoints, StepState};
 use weightbay_object_store::Location;
 
 /// A location's contents.

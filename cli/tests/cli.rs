@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{BoolStore, DType, Scalar, Tensor, Writer};
 
 fn weightbay(args: &[&str]) -> Output {
@@ -264,12 +264,11 @@ fn index_files_work_wherever_a_container_does() {
     let tensors = (0..4)
         .map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![i as u8; 1000]))
         .collect();
-    let summary = weightbay::sharded::ShardedWriter::new(
-        Writer::new(tensors).with_format(Format::Safetensors),
-    )
-    .with_shard_len(2000)
-    .write_to(&storage, "hf")
-    .unwrap();
+    let summary =
+        weightbay::ShardedWriter::new(Writer::new(tensors).with_format(Format::Safetensors))
+            .with_shard_len(2000)
+            .write_to(&storage, "hf")
+            .unwrap();
     let index = dir.path().join(&summary.index);
     let index = index.to_str().unwrap();
 
@@ -309,7 +308,7 @@ fn index_files_work_wherever_a_container_does() {
 /// caught), thinned out (a dry run first), and copied to another storage.
 #[test]
 fn checkpoint_prefixes_list_verify_gc_and_copy() {
-    use weightbay::checkpoints::{Checkpoints, SaveOptions};
+    use weightbay_checkpoints::{Checkpoints, SaveOptions};
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = Checkpoints::new(weightbay_local::LocalStorage::new(dir.path()), "run");
     for step in [100, 200, 300] {
@@ -383,7 +382,7 @@ fn checkpoint_prefixes_list_verify_gc_and_copy() {
 /// catches a flipped bit in one; `cp` copies it so it loads whole elsewhere.
 #[test]
 fn multi_rank_checkpoints_list_verify_and_copy() {
-    use weightbay::checkpoints::{Checkpoints, RankSave, Region};
+    use weightbay_checkpoints::{Checkpoints, RankSave, Region};
     let dir = tempfile::tempdir().unwrap();
     let checkpoints = Checkpoints::new(weightbay_local::LocalStorage::new(dir.path()), "run");
     let rows: Vec<f32> = (0..64).map(|i| i as f32).collect();

@@ -6,17 +6,17 @@ use std::sync::{Arc, Barrier};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
-use weightbay::checkpoints::{
-    Checkpoints, RankOutcome, RankSave, Region, Retention, SaveOptions, StepState,
-};
-use weightbay::format::Format;
-use weightbay::fs::FileSystem;
-use weightbay::sharded::ShardedWriter;
-use weightbay::weights::ShardedWeights;
+use weightbay::Format;
+use weightbay::ShardedWeights;
+use weightbay::ShardedWriter;
+use weightbay::backend_kit::FileSystem;
 use weightbay::{
     Bytes, CreateOptions, DType, Durability, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer,
 };
 use weightbay::{WeightComponentSpec, WeightSource};
+use weightbay_checkpoints::{
+    Checkpoints, RankOutcome, RankSave, Region, Retention, SaveOptions, StepState,
+};
 
 use crate::alloc::CountingAllocator;
 use crate::model::{KEYS, Model, Op};
@@ -258,7 +258,8 @@ fn assert_old_or_new(
 }
 
 /// Why the file-system cases cannot run on a backend.
-const NO_FILE_SYSTEM: &str = "the backend does not do its I/O through weightbay::fs::FileSystem";
+const NO_FILE_SYSTEM: &str =
+    "the backend does not do its I/O through weightbay::backend_kit::FileSystem";
 
 /// A container the backend writes as several pieces ([`Harness::several_parts_len`]), its
 /// bytes set by `fill`.
@@ -762,11 +763,9 @@ pub fn sharded_checkpoint_is_all_or_nothing<H: Harness>(harness: &H) -> Outcome 
             .collect()
     };
     let write = |storage: &dyn Storage| {
-        ShardedWriter::new(
-            Writer::new(tensors()).with_format(weightbay::format::Format::Safetensors),
-        )
-        .with_shard_len(6000)
-        .write_to(storage, "ckpt")
+        ShardedWriter::new(Writer::new(tensors()).with_format(weightbay::Format::Safetensors))
+            .with_shard_len(6000)
+            .write_to(storage, "ckpt")
     };
     let index = "ckpt/model.safetensors.index.json";
     if !harness.fresh().capabilities().atomic_create_new {
@@ -1470,7 +1469,7 @@ pub fn peak_memory_is_bounded<H: Harness>(harness: &H, allocator: &CountingAlloc
     let peak = allocator.peak().saturating_sub(baseline) as u64;
     let slack = 2 << 20;
     let bound = TENSOR_LEN as u64
-        + weightbay::writer::WRITE_CHUNK_LEN as u64
+        + weightbay::WRITE_CHUNK_LEN as u64
         + harness.write_buffer_bound(total)
         + slack;
     println!("{case}: peak {peak} bytes live while writing {total} bytes (bound {bound})");

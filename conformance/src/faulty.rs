@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use weightbay::fs::{FileHandle, FileSystem};
+use weightbay::backend_kit::{FileHandle, FileSystem};
 use weightbay::{
     Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage,
 };

@@ -59,7 +59,7 @@ pub use faulty::{FaultPlan, Faulty, FaultyFileSystem, InjectedFault, is_injected
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 pub use sim_disk::SimulatedDisk;
 use weightbay::Storage;
-use weightbay::fs::FileSystem;
+use weightbay::backend_kit::FileSystem;
 
 /// How the suite gets storages of the backend under test.
 pub trait Harness: Send + Sync + 'static {
@@ -110,7 +110,7 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// The storage over a simulated file system, for backends that do their file I/O through
-    /// [`weightbay::fs::FileSystem`]; `None` otherwise (the power-loss and file-system fault
+    /// [`weightbay::backend_kit::FileSystem`]; `None` otherwise (the power-loss and file-system fault
     /// cases are then not applicable).
     fn over_file_system(&self, fs: Arc<dyn FileSystem>) -> Option<Self::Storage> {
         let _ = fs;

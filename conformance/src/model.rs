@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use weightbay::storage::is_under;
+use weightbay::backend_kit::is_under;
 use weightbay::{CreateOptions, ErrorKind, Listed, Storage, WriteMode};
 
 use crate::Faulty;

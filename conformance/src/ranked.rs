@@ -2,8 +2,8 @@
 //! rank and every other layout must find: what the multi-rank case, the multi-process tests
 //! and the benchmarks share.
 
-use weightbay::checkpoints::{RankSave, Region};
 use weightbay::{Bytes, DType, Tensor, Writer};
+use weightbay_checkpoints::{RankSave, Region};
 
 /// How one tensor of a [`SlicedModel`] is split among ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

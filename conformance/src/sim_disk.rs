@@ -1,5 +1,5 @@
 //! [`SimulatedDisk`]: an in-memory file system that keeps what was written apart from what is
-//! durable, so a backend written against [`weightbay::fs::FileSystem`] can be "powered off"
+//! durable, so a backend written against [`weightbay::backend_kit::FileSystem`] can be "powered off"
 //! after any operation and the surviving image inspected.
 //!
 //! The model is deliberately pessimistic, like a file system with delayed allocation and no
@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use weightbay::fs::{FileHandle, FileSystem};
+use weightbay::backend_kit::{FileHandle, FileSystem};
 
 #[derive(Debug, Clone, Default)]
 struct Inode {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use object_store_support::SMALL_PARTS;
 use object_store_support::intercept::{Intercepted, StoreDefect};
 use toy::{Defect, HashMapHarness};
-use weightbay::fs::{FileHandle, FileSystem};
+use weightbay::backend_kit::{FileHandle, FileSystem};
 use weightbay_conformance::{FaultPlan, FaultyFileSystem, Harness, Outcome, cases, verdict};
 use weightbay_local::{LocalStorage, StdFileSystem};
 use weightbay_object_store::ObjectStorage;

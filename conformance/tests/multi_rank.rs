@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 use proptest::prelude::*;
-use weightbay::checkpoints::{Checkpoints, RankOutcome, RankSave, Region, StepState};
 use weightbay::{
     Capabilities, CreateOptions, DType, ErrorKind, Listed, MemoryStorage, Sink, Source, Storage,
     Tensor, Writer,
 };
+use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region, StepState};
 use weightbay_conformance::ranked::{SlicedModel, Split};
 
 /// The whole model saved by `world` ranks, one after another.

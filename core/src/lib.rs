@@ -22,43 +22,55 @@
 //! # Ok::<(), weightbay::Error>(())
 //! ```
 //!
-//! Runtimes ask for weights through [`WeightSource`]; checkpoints split in shards are
-//! [`sharded`]; backend authors find the file-system seam their tests run on in [`fs`].
+//! Runtimes ask for weights through [`WeightSource`]; checkpoints split in shards are written by
+//! [`ShardedWriter`] and read by [`ShardedWeights`]. The checkpoints of a training run (commit
+//! records, background and multi-rank saves, retention) are the `weightbay-checkpoints` crate,
+//! built over this one.
+//!
+//! Every public item has one path: the crate root for what users save and load with, and three
+//! namespaces: [`format`] for the containers' constants and hardening limits, [`checksum`] for
+//! CRC32C, and [`backend_kit`] for backend authors.
 #![warn(missing_docs)]
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
-
-pub mod background;
-pub mod bytes;
-pub mod checkpoints;
-pub mod dtype;
-pub mod error;
+pub mod backend_kit;
+mod background;
+mod bytes;
+mod capabilities;
+pub mod checksum;
+mod dtype;
+mod error;
 pub mod format;
-pub mod fs;
-pub mod memory;
-pub mod reader;
-pub mod sharded;
-pub mod storage;
-pub mod tensor;
-pub mod weights;
-pub mod writer;
+mod fs;
+mod keys;
+mod lazy;
+mod memory;
+mod options;
+mod ranges;
+mod reader;
+mod reads;
+mod sharded;
+mod storage;
+mod tensor;
+mod weights;
+mod writer;
 
 pub use background::Background;
 pub use bytes::{
     AccessPolicy, AllocationController, AllocationProperty, Bytes, RetainedHostMemoryRegion,
     SharedBytes,
 };
+pub use capabilities::Capabilities;
 pub use dtype::{BoolStore, ByteLen, DType, Element, QuantScheme, Scalar};
-pub use error::{Error, ErrorKind, Result};
-pub use format::Format;
+pub use error::{BoxError, Error, ErrorKind, Result};
+pub use format::types::{Format, Limits, ReadOptions, TensorInfo, Validation};
 pub use memory::{MemorySource, MemoryStorage};
-pub use reader::{ReadOptions, Reader, TensorInfo, Validation, VerifyReport};
-pub use storage::{
-    Capabilities, CreateOptions, Durability, LazyRegion, Listed, Sink, Source, Storage, WriteMode,
-};
+pub use options::{CreateOptions, Durability, WriteMode};
+pub use reader::{Loaded, Reader, VerifyReport, retry_on_change};
+pub use sharded::{ShardedSummary, ShardedWeights, ShardedWriter};
+pub use storage::{Listed, Sink, Source, Storage, StorageExt};
 pub use tensor::Tensor;
-pub use weights::{WeightComponentPayload, WeightComponentSpec, WeightSource};
-pub use writer::{WriteSummary, Writer};
+pub use weights::{
+    StoredTensor, WeightComponentPayload, WeightComponentSpec, WeightEncoding, WeightSegment,
+    WeightSource,
+};
+pub use writer::{WRITE_CHUNK_LEN, WriteSummary, Writer};

@@ -7,10 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::bytes::SharedBytes;
-use crate::storage::{
-    Capabilities, CreateOptions, Listed, Sink, Source, Storage, WriteMode, check_range,
-    fetch_views, is_under, validate_key, validate_prefix,
-};
+use crate::capabilities::Capabilities;
+use crate::keys::{is_under, validate_key, validate_prefix};
+use crate::options::{CreateOptions, WriteMode};
+use crate::ranges::check_range;
+use crate::reads::fetch_views;
+use crate::storage::{Listed, Sink, Source, Storage};
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
 #[derive(Debug, Default)]

@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use crate::background::Background;
 use crate::bytes::SharedBytes;
+use crate::checksum;
 use crate::dtype::Element;
 use crate::format::{Format, Layout, burnpack, safetensors, trailer};
-pub use crate::format::{ReadOptions, TensorInfo, Validation};
-use crate::storage::{Source, Storage, read_at_parallel};
+use crate::format::{ReadOptions, TensorInfo, Validation};
+use crate::reads::read_at_parallel;
+use crate::storage::{Source, Storage};
 use crate::writer::WRITE_CHUNK_LEN;
 use crate::{AllocationController, Bytes, DType, Error, ErrorKind, Result, Scalar, Tensor, Writer};
 
@@ -546,7 +548,7 @@ impl Reader {
 /// version. Readers themselves never retry: a replaced object stays an error, never a mix.
 ///
 /// ```
-/// use weightbay::reader::retry_on_change;
+/// use weightbay::retry_on_change;
 /// use weightbay::{Error, ErrorKind};
 /// let mut calls = 0;
 /// let result = retry_on_change(3, || {
@@ -722,7 +724,7 @@ fn crc_of(
             };
             return Err(error.with_offset(offset + at as u64));
         }
-        crc = trailer::crc32c_append(crc, chunk);
+        crc = checksum::crc32c_append(crc, chunk);
         offset += step as u64;
     }
     Ok(crc)

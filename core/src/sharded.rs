@@ -1,12 +1,17 @@
 //! Checkpoints split into shards and published as one unit: every shard is written first,
 //! under names unique to this writer, then an index naming them is written last with
-//! create-new. Readers find the checkpoint through the index alone, so it exists whole or not
-//! at all, and of two writers racing for the same index exactly one wins.
+//! create-new. Readers find the checkpoint through the index alone ([`ShardedWeights`]), so it
+//! exists whole or not at all, and of two writers racing for the same index exactly one wins.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
-use crate::storage::{Storage, WriteMode, unique_token, write_new};
-use crate::{Error, Result, Tensor, Writer};
+use crate::format::MAX_INDEX_LEN;
+use crate::keys::unique_token;
+use crate::options::WriteMode;
+use crate::storage::{Storage, StorageExt};
+use crate::weights::{StoredTensor, WeightSource};
+use crate::{Error, ErrorKind, Reader, Result, Tensor, Writer};
 
 /// Writes a checkpoint as shards of about `shard_len` bytes plus an index. Every shard is
 /// written with the settings of the [`Writer`] it is given (format, metadata, scalars,
@@ -15,10 +20,10 @@ use crate::{Error, Result, Tensor, Writer};
 ///
 /// ```
 /// use std::sync::Arc;
-/// use weightbay::format::Format;
-/// use weightbay::sharded::ShardedWriter;
-/// use weightbay::weights::{ShardedWeights, WeightComponentSpec, WeightSource};
-/// use weightbay::{DType, MemoryStorage, Tensor, Writer};
+/// use weightbay::{
+///     DType, Format, MemoryStorage, ShardedWeights, ShardedWriter, Tensor, WeightComponentSpec,
+///     WeightSource, Writer,
+/// };
 ///
 /// let storage = MemoryStorage::new();
 /// let tensors = (0..4).map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![i as u8; 1000])).collect();
@@ -141,11 +146,128 @@ impl ShardedWriter {
         });
         let bytes =
             serde_json::to_vec_pretty(&body).map_err(|e| Error::invalid(format!("index: {e}")))?;
-        write_new(storage, &index, &bytes, settings.durability())?;
+        storage.write_new(&index, &bytes, settings.durability())?;
         Ok(ShardedSummary {
             index,
             shards,
             total_size,
         })
+    }
+}
+
+/// Checks a shard file name from an index: it must be a valid key
+/// ([`validate_key`](crate::keys::validate_key): relative, non-empty, no `.` or `..`
+/// segment, no backslash or NUL, at most 1024 bytes).
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] naming the file.
+fn check_shard_name(name: &str) -> Result<()> {
+    crate::keys::validate_key(name).map_err(|e| {
+        Error::corrupt(format!(
+            "index names shard `{name}`, which is not a plain relative path"
+        ))
+        .with_source(e)
+    })
+}
+
+/// A checkpoint split into shards, found through an index (`model.safetensors.index.json`,
+/// or the Burnpack equivalent written by [`ShardedWriter`]) whose
+/// `weight_map` names each tensor's shard, relative to the index. Shards are opened on first
+/// use, from any [`Storage`].
+pub struct ShardedWeights {
+    storage: Arc<dyn Storage>,
+    directory: String,
+    weight_map: HashMap<String, String>,
+    open: Mutex<HashMap<String, Arc<Reader>>>,
+}
+
+impl std::fmt::Debug for ShardedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedWeights")
+            .field("directory", &self.directory)
+            .field("tensors", &self.weight_map.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShardedWeights {
+    /// Reads the index at `index_key` in `storage`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`]; [`ErrorKind::Corrupt`] for an index that is not valid JSON
+    /// with a `weight_map` of relative shard names.
+    pub fn open(storage: Arc<dyn Storage>, index_key: &str) -> Result<Self> {
+        let source = storage.open(index_key)?;
+        if source.len() > MAX_INDEX_LEN {
+            return Err(
+                Error::new(ErrorKind::LimitExceeded, "index file over 16 MiB").with_key(index_key),
+            );
+        }
+        let mut text = vec![0; usize::try_from(source.len()).unwrap_or(0)];
+        source.read_at(0, &mut text)?;
+        #[derive(serde::Deserialize)]
+        struct Index {
+            weight_map: HashMap<String, String>,
+        }
+        let index: Index = serde_json::from_slice(&text)
+            .map_err(|e| Error::corrupt(format!("index: {e}")).with_key(index_key))?;
+        for file in index.weight_map.values() {
+            check_shard_name(file).map_err(|e| e.with_key(index_key))?;
+        }
+        let directory = index_key
+            .rsplit_once('/')
+            .map(|(dir, _)| format!("{dir}/"))
+            .unwrap_or_default();
+        Ok(Self {
+            storage,
+            directory,
+            weight_map: index.weight_map,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The tensor names the index lists.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.weight_map.keys().map(String::as_str)
+    }
+
+    /// The keys of the shards the index names, sorted, each once.
+    pub fn shard_keys(&self) -> Vec<String> {
+        let files: std::collections::BTreeSet<&String> = self.weight_map.values().collect();
+        files
+            .into_iter()
+            .map(|file| format!("{}{file}", self.directory))
+            .collect()
+    }
+
+    fn shard(&self, file: &str) -> Result<Arc<Reader>> {
+        let mut open = self
+            .open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(reader) = open.get(file) {
+            return Ok(Arc::clone(reader));
+        }
+        let key = format!("{}{file}", self.directory);
+        let reader =
+            Arc::new(Reader::open(self.storage.open(&key)?).map_err(|e| e.with_key(&key))?);
+        open.insert(file.to_owned(), Arc::clone(&reader));
+        Ok(reader)
+    }
+}
+
+impl WeightSource for ShardedWeights {
+    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let Some(file) = self.weight_map.get(name) else {
+            return Ok(None);
+        };
+        let shard = self.shard(file)?;
+        match shard.stored_tensor(name)? {
+            Some(stored) => Ok(Some(stored)),
+            None => Err(Error::corrupt(format!(
+                "the index puts it in `{file}`, which does not hold it"
+            ))
+            .with_tensor(name)),
+        }
     }
 }

@@ -1,12 +1,14 @@
 //! The storage plugin traits: a [`Storage`] opens [`Sink`]s to write containers and
-//! [`Source`]s to read them.
+//! [`Source`]s to read them. The contracts here are what the conformance suite tests.
 
 use std::fmt;
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use crate::bytes::{AccessPolicy, AllocationController, AllocationProperty, Bytes};
-use crate::{Error, ErrorKind, Result};
+use crate::capabilities::Capabilities;
+use crate::options::{CreateOptions, Durability, WriteMode};
+use crate::ranges::{check_range, check_ranges};
+use crate::{Bytes, Error, ErrorKind, Result};
 
 /// Random-access read of one stored container.
 ///
@@ -78,200 +80,6 @@ fn read_resident<S: Source + ?Sized>(source: &S, range: &Range<u64>) -> Result<B
     Ok(bytes)
 }
 
-/// [`Source::fetch`] for a source whose [`bytes`](Source::bytes) are already resident views
-/// (memory, a map): every range checked first, then a view of each, nothing copied.
-///
-/// # Errors
-/// [`ErrorKind::OutOfRange`] when any range is past the end; the source's errors.
-pub fn fetch_views<S: Source + ?Sized>(source: &S, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-    check_ranges(ranges, source.len())?;
-    ranges
-        .iter()
-        .map(|range| source.bytes(range.clone()))
-        .collect()
-}
-
-/// Threads [`read_at_parallel`] reads on at most.
-const READ_THREADS: usize = 4;
-/// Below this many bytes in all, [`read_at_parallel`] reads on the calling thread: starting
-/// threads would cost more.
-const PARALLEL_READ_FROM: u64 = 4 << 20;
-
-/// Fills each buffer of `jobs` with `source.read_at` at its offset, the jobs shared out over a
-/// few threads when there is enough to read: one thread leaves a cold disk's queue half empty,
-/// and from the page cache one core's copy is the limit.
-///
-/// # Errors
-/// The first read error (its offset says which job).
-pub fn read_at_parallel<S: Source + ?Sized>(
-    source: &S,
-    jobs: &mut [(u64, &mut [u8])],
-) -> Result<()> {
-    let total: u64 = jobs.iter().map(|(_, buf)| buf.len() as u64).sum();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(READ_THREADS)
-        .min(jobs.len().max(1));
-    if threads <= 1 || total < PARALLEL_READ_FROM {
-        return jobs
-            .iter_mut()
-            .try_for_each(|(offset, buf)| source.read_at(*offset, buf));
-    }
-    let per_thread = jobs.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = jobs
-            .chunks_mut(per_thread)
-            .map(|jobs| {
-                scope.spawn(move || {
-                    jobs.iter_mut()
-                        .try_for_each(|(offset, buf)| source.read_at(*offset, buf))
-                })
-            })
-            .collect();
-        workers.into_iter().try_for_each(|worker| {
-            worker
-                .join()
-                .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "a read thread panicked")))
-        })
-    })
-}
-
-/// Checks every range of a batched read against a source of `len` bytes.
-///
-/// # Errors
-/// [`ErrorKind::OutOfRange`] for the first range that is reversed or passes `len`.
-pub fn check_ranges(ranges: &[Range<u64>], len: u64) -> Result<()> {
-    ranges.iter().try_for_each(|range| check_range(range, len))
-}
-
-/// Checks, at commit, that a sink received the length the writer planned
-/// ([`CreateOptions::expected_len`]): a shorter stream means a writer stopped early.
-///
-/// # Errors
-/// [`ErrorKind::Io`] naming both lengths.
-pub fn check_written(expected: Option<u64>, written: u64) -> Result<()> {
-    match expected {
-        Some(expected) if expected != written => Err(Error::new(
-            ErrorKind::Io,
-            format!("{written} bytes written, {expected} were planned"),
-        )),
-        _ => Ok(()),
-    }
-}
-
-/// Checks `range` against a source of `len` bytes.
-///
-/// # Errors
-/// [`ErrorKind::OutOfRange`] when the range is reversed or passes `len`.
-pub fn check_range(range: &Range<u64>, len: u64) -> Result<()> {
-    if range.start > range.end || range.end > len {
-        return Err(Error::new(
-            ErrorKind::OutOfRange,
-            format!(
-                "range {}..{} of a {len}-byte container",
-                range.start, range.end
-            ),
-        )
-        .with_offset(range.start));
-    }
-    Ok(())
-}
-
-/// A lazily read range of a [`Source`]: nothing is read until first access, then the range
-/// is fetched once and cached. Sub-views taken before that stay lazy and fetch only
-/// themselves. Backends return it from [`Source::bytes`].
-pub struct LazyRegion {
-    source: Arc<dyn Source>,
-    range: Range<u64>,
-    property: AllocationProperty,
-    cache: OnceLock<Box<[u8]>>,
-}
-
-impl LazyRegion {
-    /// A lazy view of `range` of `source`, reported as `property` (`File` or `Remote`).
-    ///
-    /// # Errors
-    /// [`ErrorKind::OutOfRange`] when the range passes the source's end or does not fit in
-    /// memory.
-    pub fn new(
-        source: Arc<dyn Source>,
-        range: Range<u64>,
-        property: AllocationProperty,
-    ) -> Result<Self> {
-        check_range(&range, source.len())?;
-        usize::try_from(range.end - range.start)
-            .map_err(|_| Error::new(ErrorKind::OutOfRange, "range does not fit in memory"))?;
-        Ok(Self {
-            source,
-            range,
-            property,
-            cache: OnceLock::new(),
-        })
-    }
-}
-
-impl fmt::Debug for LazyRegion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LazyRegion")
-            .field("range", &self.range)
-            .field("property", &self.property)
-            .field("resident", &self.cache.get().is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-impl AllocationController for LazyRegion {
-    fn len(&self) -> usize {
-        (self.range.end - self.range.start) as usize
-    }
-
-    fn alignment(&self) -> usize {
-        // The cache is allocated by the global allocator, which aligns to at least 8.
-        8
-    }
-
-    fn property(&self) -> AllocationProperty {
-        self.property
-    }
-
-    fn memory(&self, policy: AccessPolicy) -> Result<&[u8]> {
-        if let Some(cached) = self.cache.get() {
-            return Ok(cached);
-        }
-        if policy == AccessPolicy::ZeroCopy {
-            return Err(Error::new(
-                ErrorKind::WouldCopy,
-                format!("{} bytes are not resident yet", self.len()),
-            ));
-        }
-        let mut buf = vec![0; self.len()].into_boxed_slice();
-        self.source.read_at(self.range.start, &mut buf)?;
-        Ok(self.cache.get_or_init(|| buf))
-    }
-
-    fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
-        if let Some(cached) = self.cache.get() {
-            buf.copy_from_slice(&cached[offset..offset + buf.len()]);
-            return Ok(());
-        }
-        self.source.read_at(self.range.start + offset as u64, buf)
-    }
-
-    fn narrow(&self, start: usize, end: usize) -> Option<Box<dyn AllocationController>> {
-        if self.cache.get().is_some() {
-            return None;
-        }
-        let base = self.range.start;
-        let range = base + start as u64..base + end as u64;
-        Some(Box::new(Self {
-            source: Arc::clone(&self.source),
-            range,
-            property: self.property,
-            cache: OnceLock::new(),
-        }))
-    }
-}
-
 /// A sequential destination for one container's bytes.
 ///
 /// # Contract
@@ -316,162 +124,11 @@ pub trait Sink: Send {
     fn commit(self: Box<Self>) -> Result<()>;
 }
 
-/// What happens to an existing container at the key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum WriteMode {
-    /// Replace whatever is there, atomically (the default).
-    #[default]
-    Overwrite,
-    /// Fail with [`ErrorKind::AlreadyExists`] if anything is there, without a race between
-    /// two writers (needs [`Capabilities::atomic_create_new`]).
-    CreateNew,
-    /// Write the existing object in place (keeps a file's inode); a failure loses the old
-    /// container (needs [`Capabilities::in_place_writes`]).
-    InPlace,
-}
-
-/// How hard a commit works to survive a crash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Durability {
-    /// The strongest durability the backend offers.
-    #[default]
-    Default,
-    /// Atomic against a process crash, but may be lost on power failure (no fsync).
-    Flushed,
-    /// Survives power loss once `commit` returns (needs [`Capabilities::durable_commit`]).
-    Durable,
-}
-
-/// Options for [`Storage::create`]: `CreateOptions::default()` and the `with_` setters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub struct CreateOptions {
-    /// Overwrite, create-new or in-place.
-    pub mode: WriteMode,
-    /// Crash durability wanted from `commit`.
-    pub durability: Durability,
-    /// The container's planned total length, when known (the writer always knows it):
-    /// backends use it to size parts or preallocate.
-    pub expected_len: Option<u64>,
-}
-
-impl CreateOptions {
-    /// Sets the write mode.
-    #[must_use]
-    pub fn with_mode(mut self, mode: WriteMode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// Sets the durability.
-    #[must_use]
-    pub fn with_durability(mut self, durability: Durability) -> Self {
-        self.durability = durability;
-        self
-    }
-
-    /// Sets the expected total length.
-    #[must_use]
-    pub fn with_expected_len(mut self, len: u64) -> Self {
-        self.expected_len = Some(len);
-        self
-    }
-}
-
-/// What a backend promises beyond the base contract. Each declared capability is tested by
-/// the conformance suite; asking for an undeclared one fails with [`ErrorKind::Unsupported`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub struct Capabilities {
-    /// [`WriteMode::CreateNew`] is race-free: of two concurrent creators exactly one wins.
-    pub atomic_create_new: bool,
-    /// [`Durability::Durable`] commits survive power loss.
-    pub durable_commit: bool,
-    /// [`Source::bytes`] returns host memory without copying (memory, mmap).
-    pub zero_copy_reads: bool,
-    /// [`WriteMode::InPlace`] is supported.
-    pub in_place_writes: bool,
-    /// [`Storage::pending`] lists unfinished writes and [`Storage::clean_pending`] removes
-    /// those of dead writers.
-    pub pending_listing: bool,
-    /// [`Storage::list`] lists committed containers.
-    pub listing: bool,
-}
-
-impl Capabilities {
-    /// No capability beyond the base contract.
-    pub const NONE: Self = Self {
-        atomic_create_new: false,
-        durable_commit: false,
-        zero_copy_reads: false,
-        in_place_writes: false,
-        pending_listing: false,
-        listing: false,
-    };
-
-    /// Declares race-free create-new.
-    #[must_use]
-    pub const fn with_atomic_create_new(mut self) -> Self {
-        self.atomic_create_new = true;
-        self
-    }
-
-    /// Declares power-loss durable commits.
-    #[must_use]
-    pub const fn with_durable_commit(mut self) -> Self {
-        self.durable_commit = true;
-        self
-    }
-
-    /// Declares zero-copy reads.
-    #[must_use]
-    pub const fn with_zero_copy_reads(mut self) -> Self {
-        self.zero_copy_reads = true;
-        self
-    }
-
-    /// Declares in-place writes.
-    #[must_use]
-    pub const fn with_in_place_writes(mut self) -> Self {
-        self.in_place_writes = true;
-        self
-    }
-
-    /// Declares listing of unfinished writes.
-    #[must_use]
-    pub const fn with_pending_listing(mut self) -> Self {
-        self.pending_listing = true;
-        self
-    }
-
-    /// Declares listing of committed containers.
-    #[must_use]
-    pub const fn with_listing(mut self) -> Self {
-        self.listing = true;
-        self
-    }
-
-    /// Fails with [`ErrorKind::Unsupported`] when `options` ask for something undeclared.
-    ///
-    /// # Errors
-    /// As described.
-    pub fn check(&self, options: &CreateOptions) -> Result<()> {
-        let missing = match (options.mode, options.durability) {
-            (WriteMode::CreateNew, _) if !self.atomic_create_new => "create-new writes",
-            (WriteMode::InPlace, _) if !self.in_place_writes => "in-place writes",
-            (_, Durability::Durable) if !self.durable_commit => "durable commits",
-            _ => return Ok(()),
-        };
-        Err(Error::unsupported(format!(
-            "this storage does not offer {missing}"
-        )))
-    }
-}
-
 /// A storage backend: opens sinks and sources by key.
 ///
-/// Keys are `/`-separated relative paths (see [`validate_key`]). The trait is object safe so a
-/// backend can be chosen at run time (`Box<dyn Storage>`).
+/// Keys are `/`-separated relative paths (see
+/// [`validate_key`](crate::backend_kit::validate_key)). The trait is object safe so a backend
+/// can be chosen at run time (`Box<dyn Storage>`).
 ///
 /// # Contract
 /// - [`create`](Self::create) checks `options` against [`capabilities`](Self::capabilities)
@@ -562,51 +219,6 @@ pub struct Listed {
     pub len: u64,
 }
 
-/// Writes `body`, a small file such as an index or a commit record, to `key` with create-new:
-/// it appears whole, and only if the key was free.
-///
-/// # Errors
-/// [`ErrorKind::AlreadyExists`] when the key is taken; the storage's errors, naming the key
-/// and the operation.
-pub fn write_new<S: Storage + ?Sized>(
-    storage: &S,
-    key: &str,
-    body: &[u8],
-    durability: Durability,
-) -> Result<()> {
-    let options = CreateOptions::default()
-        .with_mode(WriteMode::CreateNew)
-        .with_durability(durability)
-        .with_expected_len(body.len() as u64);
-    let mut sink = storage
-        .create(key, &options)
-        .map_err(|e| e.with_operation("create").with_key(key))?;
-    sink.write(body)
-        .map_err(|e| e.with_operation("write").with_key(key))?;
-    sink.commit()
-        .map_err(|e| e.with_operation("commit").with_key(key))
-}
-
-/// Checks a listing prefix: empty, or a valid key.
-///
-/// # Errors
-/// [`ErrorKind::InvalidInput`] as [`validate_key`] says.
-pub fn validate_prefix(prefix: &str) -> Result<()> {
-    if prefix.is_empty() {
-        Ok(())
-    } else {
-        validate_key(prefix)
-    }
-}
-
-/// Whether `key` lies under the listing prefix `prefix` (see [`Storage::list`]).
-pub fn is_under(key: &str, prefix: &str) -> bool {
-    prefix.is_empty()
-        || key
-            .strip_prefix(prefix)
-            .is_some_and(|rest| rest.starts_with('/'))
-}
-
 macro_rules! forward_storage {
     ($($pointer:ty),*) => {$(
         /// Forwards to the storage behind the pointer, so `&S`, `Box<dyn Storage>` and
@@ -638,102 +250,27 @@ macro_rules! forward_storage {
 }
 forward_storage!(&S, Box<S>, Arc<S>);
 
-/// The longest key accepted, in bytes.
-pub const MAX_KEY_LEN: usize = 1024;
-
-/// A token no other write uses at the same time, in any process on any machine: this
-/// process's id, a per-process counter and a random number (`4242-7-9f0c…`). Writers and
-/// backends build the names of staged uploads and shards from it.
-pub fn unique_token() -> String {
-    use std::hash::BuildHasher;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let pid = std::process::id();
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    // A fresh random key per call (the standard library seeds each RandomState anew).
-    let random = std::collections::hash_map::RandomState::new().hash_one((
-        pid,
-        n,
-        std::time::SystemTime::now(),
-    ));
-    format!("{pid}-{n}-{random:016x}")
-}
-
-/// Checks that `key` is a relative `/`-separated path: non-empty, at most [`MAX_KEY_LEN`]
-/// bytes, no empty, `.` or `..` segment, no leading `/`, no backslash or NUL. Every backend
-/// applies the same rule so a key means the same thing everywhere.
-///
-/// # Errors
-/// [`ErrorKind::InvalidInput`] naming the key.
-pub fn validate_key(key: &str) -> Result<()> {
-    let problem = if key.is_empty() {
-        Some("is empty")
-    } else if key.len() > MAX_KEY_LEN {
-        Some("is longer than 1024 bytes")
-    } else if key.contains(['\\', '\0']) {
-        Some("contains a backslash or NUL")
-    } else if key
-        .split('/')
-        .any(|segment| matches!(segment, "" | "." | ".."))
-    {
-        Some("has an empty, `.` or `..` segment (or a leading or trailing `/`)")
-    } else {
-        None
-    };
-    match problem {
-        Some(problem) => Err(Error::invalid(format!("key {problem}")).with_key(key)),
-        None => Ok(()),
+/// Conveniences over any [`Storage`], built on its required methods.
+pub trait StorageExt: Storage {
+    /// Writes `body`, a small file such as an index or a commit record, to `key` with
+    /// create-new: it appears whole, and only if the key was free.
+    ///
+    /// # Errors
+    /// [`ErrorKind::AlreadyExists`] when the key is taken; the storage's errors, naming the key
+    /// and the operation.
+    fn write_new(&self, key: &str, body: &[u8], durability: Durability) -> Result<()> {
+        let options = CreateOptions::default()
+            .with_mode(WriteMode::CreateNew)
+            .with_durability(durability)
+            .with_expected_len(body.len() as u64);
+        let mut sink = self
+            .create(key, &options)
+            .map_err(|e| e.with_operation("create").with_key(key))?;
+        sink.write(body)
+            .map_err(|e| e.with_operation("write").with_key(key))?;
+        sink.commit()
+            .map_err(|e| e.with_operation("commit").with_key(key))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_relative_paths() {
-        for good in ["model.bpk", "runs/7/step-100.bpk", "ünïcode/名前"] {
-            validate_key(good).unwrap();
-        }
-        for bad in [
-            "",
-            "/abs",
-            "a//b",
-            "a/./b",
-            "../up",
-            "trail/",
-            "back\\slash",
-            "nul\0",
-        ] {
-            assert_eq!(
-                validate_key(bad).unwrap_err().kind(),
-                ErrorKind::InvalidInput,
-                "{bad:?}"
-            );
-        }
-        assert!(validate_key(&"k".repeat(MAX_KEY_LEN + 1)).is_err());
-        validate_key(&"k".repeat(MAX_KEY_LEN)).unwrap();
-    }
-
-    #[test]
-    fn undeclared_capabilities_are_unsupported() {
-        let none = Capabilities::NONE;
-        for options in [
-            CreateOptions::default().with_mode(WriteMode::CreateNew),
-            CreateOptions::default().with_mode(WriteMode::InPlace),
-            CreateOptions::default().with_durability(Durability::Durable),
-        ] {
-            assert_eq!(
-                none.check(&options).unwrap_err().kind(),
-                ErrorKind::Unsupported
-            );
-        }
-        none.check(&CreateOptions::default()).unwrap();
-        let all = Capabilities::NONE
-            .with_atomic_create_new()
-            .with_in_place_writes()
-            .with_durable_commit();
-        all.check(&CreateOptions::default().with_mode(WriteMode::CreateNew))
-            .unwrap();
-    }
-}
+impl<S: Storage + ?Sized> StorageExt for S {}

@@ -2,11 +2,8 @@
 //! allows. A [`WeightSource`] answers with the bytes of the checkpoint tensors that make up a
 //! component, checked against the component's declared shape and encoding.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use crate::bytes::RetainedHostMemoryRegion;
-use crate::{Bytes, DType, Error, ErrorKind, Reader, Result, Storage};
+use crate::{Bytes, DType, Error, ErrorKind, Reader, Result};
 
 /// How a component's elements are stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -302,125 +299,5 @@ impl WeightSource for Reader {
                 }))
             })
             .collect()
-    }
-}
-
-/// Checks a shard file name from an index: it must be a valid key
-/// ([`validate_key`](crate::storage::validate_key): relative, non-empty, no `.` or `..`
-/// segment, no backslash or NUL, at most 1024 bytes).
-///
-/// # Errors
-/// [`ErrorKind::Corrupt`] naming the file.
-pub fn check_shard_name(name: &str) -> Result<()> {
-    crate::storage::validate_key(name).map_err(|e| {
-        Error::corrupt(format!(
-            "index names shard `{name}`, which is not a plain relative path"
-        ))
-        .with_source(e)
-    })
-}
-
-/// A checkpoint split into shards, found through an index (`model.safetensors.index.json`,
-/// or the Burnpack equivalent written by [`ShardedWriter`](crate::sharded::ShardedWriter)) whose
-/// `weight_map` names each tensor's shard, relative to the index. Shards are opened on first
-/// use, from any [`Storage`].
-pub struct ShardedWeights {
-    storage: Arc<dyn Storage>,
-    directory: String,
-    weight_map: HashMap<String, String>,
-    open: Mutex<HashMap<String, Arc<Reader>>>,
-}
-
-impl std::fmt::Debug for ShardedWeights {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShardedWeights")
-            .field("directory", &self.directory)
-            .field("tensors", &self.weight_map.len())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The largest index file read: room for 100,000 tensors with long names.
-pub const MAX_INDEX_LEN: u64 = 16 * 1024 * 1024;
-
-impl ShardedWeights {
-    /// Reads the index at `index_key` in `storage`.
-    ///
-    /// # Errors
-    /// [`ErrorKind::NotFound`]; [`ErrorKind::Corrupt`] for an index that is not valid JSON
-    /// with a `weight_map` of relative shard names.
-    pub fn open(storage: Arc<dyn Storage>, index_key: &str) -> Result<Self> {
-        let source = storage.open(index_key)?;
-        if source.len() > MAX_INDEX_LEN {
-            return Err(
-                Error::new(ErrorKind::LimitExceeded, "index file over 16 MiB").with_key(index_key),
-            );
-        }
-        let mut text = vec![0; usize::try_from(source.len()).unwrap_or(0)];
-        source.read_at(0, &mut text)?;
-        #[derive(serde::Deserialize)]
-        struct Index {
-            weight_map: HashMap<String, String>,
-        }
-        let index: Index = serde_json::from_slice(&text)
-            .map_err(|e| Error::corrupt(format!("index: {e}")).with_key(index_key))?;
-        for file in index.weight_map.values() {
-            check_shard_name(file).map_err(|e| e.with_key(index_key))?;
-        }
-        let directory = index_key
-            .rsplit_once('/')
-            .map(|(dir, _)| format!("{dir}/"))
-            .unwrap_or_default();
-        Ok(Self {
-            storage,
-            directory,
-            weight_map: index.weight_map,
-            open: Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// The tensor names the index lists.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.weight_map.keys().map(String::as_str)
-    }
-
-    /// The keys of the shards the index names, sorted, each once.
-    pub fn shard_keys(&self) -> Vec<String> {
-        let files: std::collections::BTreeSet<&String> = self.weight_map.values().collect();
-        files
-            .into_iter()
-            .map(|file| format!("{}{file}", self.directory))
-            .collect()
-    }
-
-    fn shard(&self, file: &str) -> Result<Arc<Reader>> {
-        let mut open = self
-            .open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(reader) = open.get(file) {
-            return Ok(Arc::clone(reader));
-        }
-        let key = format!("{}{file}", self.directory);
-        let reader =
-            Arc::new(Reader::open(self.storage.open(&key)?).map_err(|e| e.with_key(&key))?);
-        open.insert(file.to_owned(), Arc::clone(&reader));
-        Ok(reader)
-    }
-}
-
-impl WeightSource for ShardedWeights {
-    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
-        let Some(file) = self.weight_map.get(name) else {
-            return Ok(None);
-        };
-        let shard = self.shard(file)?;
-        match shard.stored_tensor(name)? {
-            Some(stored) => Ok(Some(stored)),
-            None => Err(Error::corrupt(format!(
-                "the index puts it in `{file}`, which does not hold it"
-            ))
-            .with_tensor(name)),
-        }
     }
 }

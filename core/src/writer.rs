@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::background::Background;
+use crate::checksum;
 use crate::dtype::ByteLen;
 use crate::format::{Contents, Format, Limits, Plan, burnpack, safetensors, trailer};
-use crate::storage::{CreateOptions, Durability, Sink, Storage, WriteMode};
+use crate::options::{CreateOptions, Durability, WriteMode};
+use crate::storage::{Sink, Storage};
 use crate::{AccessPolicy, Bytes, Error, ErrorKind, Result, Scalar, Tensor};
 
 /// Largest single write the writer hands a sink, and the size of its write buffer.
@@ -490,21 +492,21 @@ impl<'a> Emitter<'a> {
         // trailer costs no time on top of the write.
         let (sink, cancel) = (&mut self.sink, self.cancel);
         let data_crc = std::thread::scope(|scope| {
-            let checksum = scope.spawn(|| trailer::crc32c(data));
+            let checksum = scope.spawn(|| checksum::crc32c(data));
             for chunk in data.chunks(WRITE_CHUNK_LEN) {
                 check_cancel(cancel)?;
                 sink.write(chunk)?;
             }
             // The checksum cannot panic; recomputing keeps this free of an unwrap all the same.
-            Ok::<u32, Error>(checksum.join().unwrap_or_else(|_| trailer::crc32c(data)))
+            Ok::<u32, Error>(checksum.join().unwrap_or_else(|_| checksum::crc32c(data)))
         })?;
-        self.crc = trailer::crc32c_combine(self.crc, data_crc, data.len());
+        self.crc = checksum::crc32c_combine(self.crc, data_crc, data.len());
         Ok(())
     }
 
     fn checksum(&mut self, data: &[u8]) {
         if self.checksums {
-            self.crc = trailer::crc32c_append(self.crc, data);
+            self.crc = checksum::crc32c_append(self.crc, data);
         }
     }
 

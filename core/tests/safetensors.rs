@@ -6,7 +6,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{BoolStore, DType, ErrorKind, Reader, Scalar, Tensor, Writer};
 
 fn to_st(dtype: &DType) -> safetensors::Dtype {

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use weightbay::format::Format;
-use weightbay::sharded::ShardedWriter;
-use weightbay::weights::{ShardedWeights, WeightEncoding};
+use weightbay::Format;
+use weightbay::ShardedWriter;
 use weightbay::{
     AccessPolicy, DType, ErrorKind, MemoryStorage, Reader, Storage, Tensor, WeightComponentSpec,
     WeightSource, Writer,
 };
+use weightbay::{ShardedWeights, WeightEncoding};
 
 fn reader() -> Reader {
     Reader::from_bytes(

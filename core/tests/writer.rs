@@ -3,9 +3,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use weightbay::backend_kit::lazy_bytes;
 use weightbay::{
-    AllocationProperty, Bytes, DType, ErrorKind, LazyRegion, MemorySource, MemoryStorage, Reader,
-    Sink, Storage, Tensor, WriteMode, Writer,
+    AllocationProperty, Bytes, DType, ErrorKind, MemorySource, MemoryStorage, Reader, Sink,
+    Storage, Tensor, WriteMode, Writer,
 };
 
 type FreedLog = Arc<Mutex<Vec<usize>>>;
@@ -94,7 +95,7 @@ struct CountingSink {
 
 impl Sink for CountingSink {
     fn write(&mut self, data: &[u8]) -> weightbay::Result<()> {
-        assert!(data.len() <= weightbay::writer::WRITE_CHUNK_LEN);
+        assert!(data.len() <= weightbay::WRITE_CHUNK_LEN);
         self.writes += 1;
         self.bytes += data.len() as u64;
         Ok(())
@@ -283,13 +284,12 @@ fn lazy_regions_stream_in_windows_and_copy_between_storages() {
         inner: MemorySource::new(big.clone().into()),
         read: AtomicUsize::new(0),
     });
-    let lazy = LazyRegion::new(
+    let bytes = lazy_bytes(
         source.clone(),
         0..big.len() as u64,
         AllocationProperty::File,
     )
     .unwrap();
-    let bytes = Bytes::from_controller(Box::new(lazy));
     assert_eq!(
         source.read.load(Ordering::Relaxed),
         0,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weightbay::Storage;
-use weightbay::checkpoints::{Checkpoints, StepState};
+use weightbay_checkpoints::{Checkpoints, StepState};
 
 mod common;
 

@@ -34,13 +34,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use std_fs::StdFileSystem;
-use weightbay::fs::{FileHandle, FileSystem};
-use weightbay::storage::{
-    check_range, check_ranges, check_written, read_at_parallel, validate_key, validate_prefix,
+use weightbay::backend_kit::{
+    FileHandle, FileSystem, check_range, check_ranges, check_written, lazy_bytes, read_at_parallel,
+    validate_key, validate_prefix,
 };
 use weightbay::{
-    AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind,
-    LazyRegion, Listed, Result, Sink, Source, Storage, WriteMode,
+    AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind, Listed,
+    Result, Sink, Source, Storage, WriteMode,
 };
 
 /// The suffix of scratch files; the full name is `<name>.<pid>-<n>.tmp`.
@@ -525,12 +525,7 @@ impl Source for LocalSource {
     }
 
     fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
-        let region = LazyRegion::new(
-            Arc::clone(&self.0) as Arc<dyn Source>,
-            range,
-            AllocationProperty::File,
-        )?;
-        Ok(Bytes::from_controller(Box::new(region)))
+        lazy_bytes(Arc::clone(&self.0) as _, range, AllocationProperty::File)
     }
 
     /// `pread`s straight into the returned buffers, the ranges shared out over a few threads

@@ -5,7 +5,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
-use weightbay::fs::{FileHandle, FileSystem};
+use weightbay::backend_kit::{FileHandle, FileSystem};
 
 /// `std::fs`, unchanged.
 #[derive(Debug, Clone, Copy, Default)]

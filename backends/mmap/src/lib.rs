@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::{Advice, Mmap};
-use weightbay::storage::{check_range, fetch_views, validate_key};
+use weightbay::backend_kit::{check_range, fetch_views, validate_key};
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Listed, Result, Sink, Source,
     Storage,

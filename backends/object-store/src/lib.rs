@@ -52,7 +52,7 @@ use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme};
 pub use runtime::Bridge;
 use sink::ObjectSink;
 pub use source::ObjectSource;
-use weightbay::storage::{validate_key, validate_prefix};
+use weightbay::backend_kit::{validate_key, validate_prefix};
 use weightbay::{
     Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage,
 };

@@ -8,7 +8,7 @@ use object_store::{
     CopyMode, CopyOptions, MultipartUpload, ObjectStore, ObjectStoreExt, PutMode,
     PutMultipartOptions, PutOptions, PutPayload,
 };
-use weightbay::storage::check_written;
+use weightbay::backend_kit::check_written;
 use weightbay::{CreateOptions, Error, ErrorKind, Result, Sink, WriteMode};
 
 use crate::error::convert;
@@ -139,7 +139,7 @@ impl ObjectSink {
     /// Starts the multipart upload, to a staging key for create-new.
     fn start_upload(&mut self) -> Result<()> {
         let path = if self.create_new {
-            let unique = weightbay::storage::unique_token();
+            let unique = weightbay::backend_kit::unique_token();
             self.key.split('/').fold(
                 self.storage.prefix.clone().join(STAGING_DIR).join(unique),
                 |p, s| p.join(s),

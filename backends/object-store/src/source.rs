@@ -8,9 +8,8 @@ use bytes::BytesMut;
 use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
-use weightbay::reader::OPEN_PREFIX_LEN;
-use weightbay::storage::check_range;
-use weightbay::{AllocationProperty, Bytes, Error, ErrorKind, LazyRegion, Result, Source};
+use weightbay::backend_kit::{OPEN_PREFIX_LEN, check_range, lazy_bytes};
+use weightbay::{AllocationProperty, Bytes, Error, ErrorKind, Result, Source};
 
 use crate::error::convert;
 use crate::{Bridge, ObjectStoreOptions};
@@ -335,12 +334,7 @@ impl Source for ObjectSource {
     }
 
     fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
-        let region = LazyRegion::new(
-            Arc::clone(&self.0) as Arc<dyn Source>,
-            range,
-            AllocationProperty::Remote,
-        )?;
-        Ok(Bytes::from_controller(Box::new(region)))
+        lazy_bytes(Arc::clone(&self.0) as _, range, AllocationProperty::Remote)
     }
 
     /// Coalesced, parallel, version-pinned GETs: see [`ObjectSource::fetch`].

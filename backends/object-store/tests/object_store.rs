@@ -129,7 +129,7 @@ fn fetch_cuts_a_tensor_longer_than_a_request_into_pieces() {
 #[test]
 fn finding_the_latest_checkpoint_reads_one_commit_record() {
     let (store, storage) = counting();
-    let checkpoints = weightbay::checkpoints::Checkpoints::new(storage, "run");
+    let checkpoints = weightbay_checkpoints::Checkpoints::new(storage, "run");
     for step in 1..=40 {
         checkpoints.save(step, Writer::new(tensors(1, 10))).unwrap();
     }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use weightbay::storage::{check_range, is_under, validate_key, validate_prefix};
+use weightbay::backend_kit::{check_range, is_under, validate_key, validate_prefix};
 use weightbay::{
     Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage, WriteMode,
 };

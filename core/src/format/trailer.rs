@@ -9,8 +9,6 @@
 //! magic       8 bytes  "WBCRC32C"
 //! ```
 
-use crc_fast::CrcAlgorithm::Crc32Iscsi;
-
 use crate::{Error, Result};
 
 /// The last eight bytes of a container that carries a trailer.
@@ -21,29 +19,6 @@ pub const FOOTER_LEN: u64 = 16;
 /// The length of a trailer holding `count` tensor checksums.
 pub(crate) fn trailer_len(count: usize) -> u64 {
     4 + 4 * count as u64 + FOOTER_LEN
-}
-
-// CRC32C through crc-fast: its carry-less-multiply kernels (VPCLMULQDQ on x86-64, PMULL on
-// Arm) run near memory speed, about twice the rate of the crc32-instruction loop that the
-// crc32c crate uses (22 vs 12 GiB/s on the project's machine), and the checksum is the one
-// cost a checked write pays over a plain copy.
-
-/// The CRC32C of `data`.
-pub(crate) fn crc32c(data: &[u8]) -> u32 {
-    crc_fast::checksum(Crc32Iscsi, data) as u32
-}
-
-/// The CRC32C of `prefix` followed by `data`, given `crc`, the CRC32C of `prefix`.
-pub(crate) fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
-    // A finished CRC32C is its running state inverted; resume from that state.
-    let mut digest = crc_fast::Digest::new_with_init_state(Crc32Iscsi, u64::from(!crc));
-    digest.update(data);
-    digest.finalize() as u32
-}
-
-/// The CRC32C of `a` followed by `b`, given the CRC32Cs of both and the length of `b`.
-pub(crate) fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: usize) -> u32 {
-    crc_fast::checksum_combine(Crc32Iscsi, crc_a.into(), crc_b.into(), len_b as u64) as u32
 }
 
 /// Encodes a trailer.
@@ -95,31 +70,4 @@ pub(crate) fn decode(trailer: &[u8]) -> (u32, Vec<u32>) {
         .map(|word| u32::from_le_bytes([word[0], word[1], word[2], word[3]]));
     let prefix = words.next().unwrap_or_default();
     (prefix, words.collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{crc32c, crc32c_append, crc32c_combine};
-
-    #[test]
-    fn crc32c_matches_the_catalogue_check_value() {
-        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
-        assert_eq!(crc32c(b""), 0);
-    }
-
-    #[test]
-    fn appending_and_combining_equal_one_pass() {
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();
-        let whole = crc32c(&data);
-        for split in [0, 1, 7, 4096, 123_457, data.len()] {
-            let (a, b) = data.split_at(split);
-            assert_eq!(crc32c_append(crc32c(a), b), whole, "append at {split}");
-            assert_eq!(
-                crc32c_combine(crc32c(a), crc32c(b), b.len()),
-                whole,
-                "combine at {split}"
-            );
-        }
-        assert_eq!(crc32c_append(0, &data), whole);
-    }
 }

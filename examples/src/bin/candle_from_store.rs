@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, VarBuilder, VarMap};
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{Reader, Storage};
 use weightbay_candle::{WeightbayBackend, save_var_map};
 use weightbay_object_store::Location;

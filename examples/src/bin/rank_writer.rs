@@ -18,8 +18,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use weightbay::checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
 use weightbay::{Error, Result, Storage, Tensor, Writer};
+use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
 
 /// The model: tensors of `ROWS` rows of `COLUMNS` f32, 4 MiB each.
 const TENSORS: [&str; 4] = ["embed", "layer0.w", "layer1.w", "head"];

@@ -14,8 +14,8 @@
 
 use std::process::ExitCode;
 
-use weightbay::checkpoints::{Checkpoints, Retention, SaveHandle, SaveOptions};
 use weightbay::{Result, Tensor, Writer};
+use weightbay_checkpoints::{Checkpoints, Retention, SaveHandle, SaveOptions};
 
 /// Weights per layer: 2 layers of 256 Ki f32 (2 MiB per checkpoint).
 const LAYER_LEN: usize = 1 << 18;

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use burn_store::{
     ApplyResult, BurnpackStore, ModuleSnapshot, ModuleStore, PathFilter, StoreTensor,
 };
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{
     AccessPolicy, AllocationProperty, BoolStore, Bytes, DType, Durability, Error, ErrorKind,
     Reader, Result, Storage, Tensor, WriteMode, Writer,

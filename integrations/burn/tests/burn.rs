@@ -9,7 +9,7 @@ use burn_core::module::Module;
 use burn_core::tensor::Device;
 use burn_nn::{Linear, LinearConfig};
 use burn_store::{BurnpackStore, ModuleSnapshot, ModuleStore};
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{MemoryStorage, Storage};
 use weightbay_burn::WeightbayStore;
 

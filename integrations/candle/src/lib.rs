@@ -18,7 +18,7 @@
 //! let varmap = VarMap::new();
 //! let layer = candle_nn::linear(4, 2, VarBuilder::from_varmap(&varmap, DType::F32, &device))?;
 //! let storage = MemoryStorage::new();
-//! save_var_map(&varmap, weightbay::format::Format::Safetensors, &storage, "model.safetensors")?;
+//! save_var_map(&varmap, weightbay::Format::Safetensors, &storage, "model.safetensors")?;
 //!
 //! let reader = Reader::open_key(&storage, "model.safetensors")?;
 //! let vb = VarBuilder::from_backend(Box::new(WeightbayBackend::new(reader)), DType::F32, device.clone());
@@ -31,9 +31,9 @@
 
 use candle_core::{DType as CandleDType, Device, Shape, Tensor as CandleTensor};
 use candle_nn::var_builder::SimpleBackend;
-use weightbay::format::Format;
-use weightbay::weights::{StoredTensor, WeightSource};
+use weightbay::Format;
 use weightbay::{AccessPolicy, Bytes, DType, Error, ErrorKind, Storage, Tensor, Writer};
+use weightbay::{StoredTensor, WeightSource};
 
 /// A candle `VarBuilder` backend over a weightbay [`WeightSource`]:
 /// `VarBuilder::from_backend(Box::new(WeightbayBackend::new(reader)), dtype, device)`.

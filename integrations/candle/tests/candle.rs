@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, VarBuilder, VarMap};
-use weightbay::format::Format;
+use weightbay::Format;
 use weightbay::{CreateOptions, Reader, Sink, Source, Storage};
 use weightbay_candle::{WeightbayBackend, save_tensors, save_var_map};
 use weightbay_local::LocalStorage;

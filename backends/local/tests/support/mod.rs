@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use weightbay::fs::FileSystem;
+use weightbay::backend_kit::FileSystem;
 use weightbay_conformance::{FaultPlan, FaultyFileSystem, Harness};
 use weightbay_local::{LocalStorage, StdFileSystem};
 

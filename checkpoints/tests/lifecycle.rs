@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use weightbay::checkpoints::{Checkpoints, Retention, SaveOptions, StepState};
-use weightbay::format::Format;
-use weightbay::weights::WeightComponentSpec;
+use weightbay::Format;
+use weightbay::WeightComponentSpec;
 use weightbay::{
     CreateOptions, DType, Error, ErrorKind, MemoryStorage, Sink, Storage, Tensor, Writer,
 };
+use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions, StepState};
 
 fn tensors(step: u64) -> Vec<Tensor> {
     (0..4)

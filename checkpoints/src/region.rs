@@ -1,4 +1,5 @@
-//! Boxes of tensors, and the byte runs that move one box's elements into another's.
+//! The geometry of [`Region`]s, the boxes of tensors that ranks hold, and the byte runs that
+//! move one box's elements into another's.
 //!
 //! A rank that holds part of a tensor holds a [`Region`] of it: a start and a length along
 //! every dimension of the tensor's global shape, its elements stored row-major as a tensor of
@@ -8,26 +9,9 @@
 
 use std::ops::Range;
 
-use serde::{Deserialize, Serialize};
+use weightbay::{Error, Result};
 
-use crate::{Error, Result};
-
-/// A box of a tensor: where it starts and how long it is along every dimension.
-///
-/// ```
-/// use weightbay::checkpoints::Region;
-/// // Rows 2..4 of an 8 × 6 matrix.
-/// let rows = Region::new([2, 0], [2, 6]);
-/// assert_eq!(rows.elements(), 12);
-/// assert!(rows.within(&[8, 6]).is_ok());
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Region {
-    /// The first index along each dimension.
-    pub offsets: Vec<u64>,
-    /// How many indices along each dimension.
-    pub lengths: Vec<u64>,
-}
+use crate::record::Region;
 
 impl Region {
     /// The box from `offsets`, `lengths` long along each dimension.
@@ -55,7 +39,7 @@ impl Region {
     /// split a tensor (the first `len % parts` parts are one longer).
     ///
     /// ```
-    /// use weightbay::checkpoints::Region;
+    /// use weightbay_checkpoints::Region;
     /// assert_eq!(Region::split(&[10, 4], 0, 3, 0), Region::new([0, 0], [4, 4]));
     /// assert_eq!(Region::split(&[10, 4], 0, 3, 2), Region::new([7, 0], [3, 4]));
     /// ```
@@ -123,9 +107,9 @@ impl Region {
 /// at element `from` of the source, element `to` of the destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Run {
-    pub from: u64,
-    pub to: u64,
-    pub len: u64,
+    pub(crate) from: u64,
+    pub(crate) to: u64,
+    pub(crate) len: u64,
 }
 
 /// The runs that copy `shared`, a box inside both `source` and `destination`, from the

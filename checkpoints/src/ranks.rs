@@ -5,87 +5,20 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use weightbay::backend_kit::unique_token;
+use weightbay::{Durability, Error, ErrorKind, Result, Storage, StorageExt, WriteMode, Writer};
 
-use super::region::Region;
-use super::{
-    COMMIT_RECORD, Checkpoints, CommitRecord, ContainerRecord, MAX_RECORD_LEN, RECORD_VERSION,
-    Recording, now_unix_ms,
+use crate::checkpoints::Checkpoints;
+use crate::layout::{self, RANKS_DIR, manifest_key, parse_manifest_key};
+use crate::merge::{in_tensor, merge};
+use crate::record::{
+    CommitRecord, ContainerRecord, MANIFEST_VERSION, RankManifest, RankTensor, Region, encode,
+    read_json,
 };
-use crate::storage::{Listed, Storage, WriteMode, unique_token, write_new};
-use crate::{Error, ErrorKind, Result, Writer};
+use crate::recording::Recording;
 
-/// The directory of a step's rank manifests.
-pub const RANKS_DIR: &str = "ranks";
-/// The commit intent's name in [`RANKS_DIR`]: created (create-new) by the one rank that goes
-/// on to read the manifests and commit.
-const COMMIT_INTENT: &str = "committer";
-/// The version of the rank manifest's layout this code writes and reads.
-const MANIFEST_VERSION: u32 = 1;
 /// At most this many manifests are read at once while committing.
 const PARALLEL_READS: usize = 64;
-
-/// What a rank wrote: its manifest, the unit the commit merges.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct RankManifest {
-    /// The layout version of this manifest (1).
-    pub weightbay_rank_manifest: u32,
-    /// The training step.
-    pub step: u64,
-    /// This rank.
-    pub rank: u32,
-    /// How many ranks write the step.
-    pub world_size: u32,
-    /// `burnpack` or `safetensors`.
-    pub format: String,
-    /// The caller's metadata; rank 0's becomes the commit record's.
-    pub metadata: BTreeMap<String, String>,
-    /// The rank's containers, keys relative to the step's directory.
-    pub containers: Vec<ContainerRecord>,
-    /// Every tensor the rank holds, whole or a slice, by its logical name.
-    pub tensors: BTreeMap<String, RankTensor>,
-}
-
-/// A tensor, or a slice of one, that a rank holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct RankTensor {
-    /// The element type, as [`DType`](crate::DType) displays it.
-    pub dtype: String,
-    /// The whole tensor's shape.
-    pub shape: Vec<u64>,
-    /// The part this rank holds (all of it for a whole tensor).
-    pub region: Region,
-    /// The container (key relative to the step's directory) it is stored in, under its
-    /// logical name, as a tensor of the region's lengths.
-    pub container: String,
-}
-
-/// A logical tensor of a multi-rank checkpoint, as the commit record lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct LogicalTensor {
-    /// The element type, as [`DType`](crate::DType) displays it.
-    pub dtype: String,
-    /// The whole tensor's shape.
-    pub shape: Vec<u64>,
-    /// The slices that tile it, in rank order.
-    pub slices: Vec<SliceRecord>,
-}
-
-/// One stored slice of a logical tensor.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct SliceRecord {
-    /// The rank that wrote it.
-    pub rank: u32,
-    /// Its container, key relative to the step's directory.
-    pub container: String,
-    /// The part of the tensor it holds.
-    pub region: Region,
-}
 
 /// Decides, after a rank's manifest is written, whether this rank commits; see
 /// [`RankSave::with_rendezvous`].
@@ -129,7 +62,7 @@ pub type Rendezvous = Arc<dyn Fn() -> Result<bool> + Send + Sync>;
 /// replace the listing with its barrier ([`with_rendezvous`](Self::with_rendezvous)).
 ///
 /// ```
-/// use weightbay::checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
+/// use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
 /// use weightbay::{MemoryStorage, Tensor, Writer};
 ///
 /// let checkpoints = Checkpoints::new(MemoryStorage::new(), "run-1");
@@ -259,10 +192,6 @@ impl RankSave {
     }
 }
 
-fn in_tensor(error: Error, name: &str, what: &str) -> Error {
-    Error::invalid(format!("tensor `{name}`: {what}")).with_source(error)
-}
-
 /// How [`Checkpoints::save_rank`] ended, when it succeeded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RankOutcome {
@@ -290,63 +219,6 @@ impl RankOutcome {
             Self::Written { .. } | Self::Committing => None,
         }
     }
-}
-
-/// How far the ranks of an uncommitted step got, from the manifests listed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RankProgress {
-    /// How many ranks write the step.
-    pub world_size: u32,
-    /// The ranks whose manifests are written.
-    pub written: Vec<u32>,
-}
-
-impl RankProgress {
-    /// The ranks whose manifests are not written.
-    pub fn missing(&self) -> Vec<u32> {
-        let written: BTreeSet<u32> = self.written.iter().copied().collect();
-        (0..self.world_size)
-            .filter(|rank| !written.contains(rank))
-            .collect()
-    }
-}
-
-/// The key of `rank`'s manifest in `dir`.
-pub(crate) fn manifest_key(dir: &str, rank: u32, world_size: u32) -> String {
-    format!("{dir}/{RANKS_DIR}/rank-{rank:05}-of-{world_size:05}.json")
-}
-
-/// The rank and world size a manifest key in `dir` names, if it is one.
-fn parse_manifest_key(dir: &str, key: &str) -> Option<(u32, u32)> {
-    let name = key
-        .strip_prefix(dir)?
-        .strip_prefix('/')?
-        .strip_prefix(RANKS_DIR)?
-        .strip_prefix("/rank-")?
-        .strip_suffix(".json")?;
-    let (rank, world_size) = name.split_once("-of-")?;
-    let (rank, world_size): (u32, u32) = (rank.parse().ok()?, world_size.parse().ok()?);
-    (manifest_key(dir, rank, world_size) == key && rank < world_size).then_some((rank, world_size))
-}
-
-/// The manifests listed in `dir`'s `stored`, by world size: the ranks written.
-pub(crate) fn progress(dir: &str, stored: &[Listed]) -> Option<RankProgress> {
-    let mut by_world: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for listed in stored {
-        if let Some((rank, world_size)) = parse_manifest_key(dir, &listed.key) {
-            by_world.entry(world_size).or_default().push(rank);
-        }
-    }
-    // Manifests of another world size are a stale attempt's: report the likeliest layout.
-    let (world_size, mut written) = by_world
-        .into_iter()
-        .max_by_key(|(world_size, ranks)| (ranks.len(), *world_size))?;
-    written.sort_unstable();
-    Some(RankProgress {
-        world_size,
-        written,
-    })
 }
 
 impl Checkpoints {
@@ -422,12 +294,10 @@ impl Checkpoints {
         };
         let manifest_key = manifest_key(&dir, save.rank, save.world_size);
         let mut rerun = false;
-        let manifest = match write_new(
-            self.storage.as_ref(),
-            &manifest_key,
-            &encode(&manifest)?,
-            durability,
-        ) {
+        let manifest = match self
+            .storage
+            .write_new(&manifest_key, &encode(&manifest)?, durability)
+        {
             Ok(()) => manifest,
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 // A restart, or a second process running as this rank: only the same content
@@ -473,9 +343,9 @@ impl Checkpoints {
                 if rerun {
                     self.commit_ranks(step, save.world_size)?
                 } else {
-                    let intent = format!("{dir}/{RANKS_DIR}/{COMMIT_INTENT}");
+                    let intent = layout::intent_key(&dir);
                     let body = format!("{{\"rank\": {}}}\n", save.rank);
-                    match write_new(self.storage.as_ref(), &intent, body.as_bytes(), durability) {
+                    match self.storage.write_new(&intent, body.as_bytes(), durability) {
                         Ok(()) => self.commit_merged(step, save.world_size)?,
                         Err(e) if e.kind() == ErrorKind::AlreadyExists => RankOutcome::Committing,
                         Err(e) => return Err(e),
@@ -512,19 +382,17 @@ impl Checkpoints {
     /// record written first by another must be the same (but for its time).
     fn commit_merged(&self, step: u64, world_size: u32) -> Result<RankOutcome> {
         let dir = self.step_dir(step);
-        let record_key = format!("{dir}/{COMMIT_RECORD}");
+        let record_key = layout::record_key(&dir);
         let keys: Vec<String> = (0..world_size)
             .map(|rank| manifest_key(&dir, rank, world_size))
             .collect();
         let manifests = read_all(self.storage.as_ref(), &keys)?;
         let record = merge(step, world_size, manifests)?;
-        let durability = crate::Durability::default();
-        match write_new(
-            self.storage.as_ref(),
-            &record_key,
-            &encode(&record)?,
-            durability,
-        ) {
+        let durability = Durability::default();
+        match self
+            .storage
+            .write_new(&record_key, &encode(&record)?, durability)
+        {
             Ok(()) => Ok(RankOutcome::Committed(record)),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 let committed = self.read_record(step)?;
@@ -591,157 +459,6 @@ fn check_holds(record: &CommitRecord, manifest: &RankManifest) -> Result<()> {
     ))
 }
 
-/// The commit record `world_size` manifests make, each tensor's slices checked to tile it.
-fn merge(step: u64, world_size: u32, manifests: Vec<RankManifest>) -> Result<CommitRecord> {
-    let mut containers = Vec::new();
-    let mut tensors: BTreeMap<String, LogicalTensor> = BTreeMap::new();
-    let mut format = None;
-    let mut metadata = BTreeMap::new();
-    for (rank, manifest) in (0..world_size).zip(manifests) {
-        if manifest.weightbay_rank_manifest != MANIFEST_VERSION
-            || manifest.step != step
-            || manifest.rank != rank
-            || manifest.world_size != world_size
-        {
-            return Err(Error::new(
-                ErrorKind::Corrupt,
-                format!(
-                    "the manifest of rank {rank} of {world_size} for step {step} says rank {} of {} for step {} (version {})",
-                    manifest.rank,
-                    manifest.world_size,
-                    manifest.step,
-                    manifest.weightbay_rank_manifest
-                ),
-            ));
-        }
-        match &format {
-            None => format = Some(manifest.format.clone()),
-            Some(f) if *f != manifest.format => {
-                return Err(Error::invalid(format!(
-                    "rank {rank} wrote {}, rank 0 {f}: a checkpoint has one format",
-                    manifest.format
-                )));
-            }
-            Some(_) => {}
-        }
-        if rank == 0 {
-            metadata = manifest.metadata;
-        }
-        containers.extend(manifest.containers);
-        for (name, tensor) in manifest.tensors {
-            let logical = tensors
-                .entry(name.clone())
-                .or_insert_with(|| LogicalTensor {
-                    dtype: tensor.dtype.clone(),
-                    shape: tensor.shape.clone(),
-                    slices: Vec::new(),
-                });
-            if logical.dtype != tensor.dtype || logical.shape != tensor.shape {
-                return Err(Error::invalid(format!(
-                    "tensor `{name}`: rank {rank} has it as {} {:?}, an earlier rank as {} {:?}",
-                    tensor.dtype, tensor.shape, logical.dtype, logical.shape
-                )));
-            }
-            tensor
-                .region
-                .within(&tensor.shape)
-                .map_err(|e| in_tensor(e, &name, &format!("rank {rank}'s region")))?;
-            logical.slices.push(SliceRecord {
-                rank,
-                container: tensor.container,
-                region: tensor.region,
-            });
-        }
-    }
-    for (name, logical) in &tensors {
-        check_tiling(name, logical)?;
-    }
-    Ok(CommitRecord {
-        weightbay_checkpoint: RECORD_VERSION,
-        step,
-        time_unix_ms: now_unix_ms(),
-        format: format.unwrap_or_default(),
-        metadata,
-        index: None,
-        containers,
-        world_size: Some(world_size),
-        tensors,
-    })
-}
-
-/// Fails, naming the tensor, unless its slices cover every element exactly once: no two
-/// overlap (found by a sweep along the dimension where their starts differ most) and
-/// together they hold as many elements as the tensor.
-fn check_tiling(name: &str, logical: &LogicalTensor) -> Result<()> {
-    let slices = &logical.slices;
-    let dims = logical.shape.len();
-    let sweep = (0..dims)
-        .max_by_key(|&dim| {
-            slices
-                .iter()
-                .map(|s| s.region.offsets[dim])
-                .collect::<BTreeSet<_>>()
-                .len()
-        })
-        .unwrap_or(0);
-    let mut order: Vec<&SliceRecord> = slices.iter().collect();
-    if dims > 0 {
-        order.sort_by_key(|s| s.region.offsets[sweep]);
-    }
-    let mut active: Vec<&SliceRecord> = Vec::new();
-    for slice in order {
-        if dims > 0 {
-            let start = slice.region.offsets[sweep];
-            active.retain(|a| a.region.offsets[sweep] + a.region.lengths[sweep] > start);
-        }
-        if let Some(other) = active
-            .iter()
-            .find(|a| a.region.intersect(&slice.region).is_some())
-        {
-            return Err(Error::invalid(format!(
-                "tensor `{name}`: the slices of ranks {} ({:?}) and {} ({:?}) overlap",
-                other.rank, other.region, slice.rank, slice.region
-            )));
-        }
-        active.push(slice);
-    }
-    let total = Region::whole(&logical.shape).elements();
-    let covered = slices
-        .iter()
-        .fold(0u64, |sum, s| sum.saturating_add(s.region.elements()));
-    if covered != total {
-        return Err(Error::invalid(format!(
-            "tensor `{name}`: its slices hold {covered} of its {total} elements"
-        )));
-    }
-    Ok(())
-}
-
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec_pretty(value).map_err(|e| Error::invalid(format!("encoding JSON: {e}")))
-}
-
-/// Reads and decodes the small JSON file at `key` (`what` names it in errors).
-pub(crate) fn read_json<T: DeserializeOwned>(
-    storage: &dyn Storage,
-    key: &str,
-    what: &str,
-) -> Result<T> {
-    let source = storage.open(key).map_err(|e| e.with_key(key))?;
-    if source.len() > MAX_RECORD_LEN {
-        return Err(Error::new(
-            ErrorKind::LimitExceeded,
-            format!("{what} over {MAX_RECORD_LEN} bytes"),
-        )
-        .with_key(key));
-    }
-    let mut body = vec![0; source.len() as usize];
-    source.read_at(0, &mut body).map_err(|e| e.with_key(key))?;
-    serde_json::from_slice(&body).map_err(|e| {
-        Error::new(ErrorKind::Corrupt, format!("unreadable {what}: {e}")).with_key(key)
-    })
-}
-
 /// Every manifest at `keys`, in order, read up to [`PARALLEL_READS`] at a time: each read is
 /// a round trip on an object store, and thousands of ranks must not cost thousands of them
 /// one after another.
@@ -768,24 +485,4 @@ fn read_all(storage: &dyn Storage, keys: &[String]) -> Result<Vec<RankManifest>>
         .into_iter()
         .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Io, "a manifest read panicked"))))
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn manifest_keys_parse_back_and_nothing_else_does() {
-        let key = manifest_key("run/step-7", 3, 12);
-        assert_eq!(key, "run/step-7/ranks/rank-00003-of-00012.json");
-        assert_eq!(parse_manifest_key("run/step-7", &key), Some((3, 12)));
-        for other in [
-            "run/step-7/ranks/rank-3-of-12.json",
-            "run/step-7/ranks/rank-00012-of-00012.json",
-            "run/step-7/x/rank-00003-of-00012.json",
-            "run/step-70/ranks/rank-00003-of-00012.json",
-        ] {
-            assert_eq!(parse_manifest_key("run/step-7", other), None, "{other}");
-        }
-    }
 }

@@ -5,10 +5,13 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::ranks::{LogicalTensor, SliceRecord};
-use super::region::{Region, coalesce, runs};
-use crate::weights::{StoredTensor, WeightSource};
-use crate::{AccessPolicy, Bytes, DType, Element, Error, ErrorKind, Reader, Result, Storage};
+use weightbay::{
+    AccessPolicy, Bytes, DType, Element, Error, ErrorKind, Reader, Result, Storage, StoredTensor,
+    WeightSource,
+};
+
+use crate::record::{LogicalTensor, Region, SliceRecord};
+use crate::region::{coalesce, runs};
 
 /// The bytes fetched beyond what a load needs, at most, as a fraction of it: spent on the
 /// smallest gaps between the byte runs it needs, each merge saving a request.
@@ -279,7 +282,7 @@ fn stored_slice<'r>(
     name: &str,
     logical: &LogicalTensor,
     slice: &SliceRecord,
-) -> Result<&'r crate::TensorInfo> {
+) -> Result<&'r weightbay::TensorInfo> {
     let info = reader
         .tensor(name)
         .map_err(|e| e.with_key(&slice.container))?;

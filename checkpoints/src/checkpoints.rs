@@ -1,0 +1,69 @@
+//! The [`Checkpoints`] value: a run's prefix of a storage and the saves in flight there. What
+//! it does is spread over the modules by concern (saving, listing, retention, copying, ranks);
+//! this one holds what they share: where a step lives and how its record is read.
+
+use std::sync::Arc;
+
+use weightbay::{Error, ErrorKind, Result, Storage};
+
+use crate::in_flight::Saves;
+use crate::layout;
+use crate::record::{CommitRecord, RECORD_VERSION, read_json};
+
+/// The checkpoints under one prefix of a storage. Cheap to clone; clones share the one save
+/// that may be in flight.
+#[derive(Debug, Clone)]
+pub struct Checkpoints {
+    pub(crate) storage: Arc<dyn Storage>,
+    pub(crate) prefix: String,
+    pub(crate) saves: Arc<Saves>,
+}
+
+impl Checkpoints {
+    /// The checkpoints under `prefix` (a key prefix such as `runs/42`; empty for the
+    /// storage's top level) of `storage`, which must list ([`Storage::list`]) for everything
+    /// but saving.
+    pub fn new<S: Storage + 'static>(storage: S, prefix: impl Into<String>) -> Self {
+        Self::over(Arc::new(storage), prefix)
+    }
+
+    /// As [`new`](Self::new), over a storage already shared.
+    pub fn over(storage: Arc<dyn Storage>, prefix: impl Into<String>) -> Self {
+        Self {
+            storage,
+            prefix: prefix.into().trim_matches('/').to_owned(),
+            saves: Arc::default(),
+        }
+    }
+
+    /// The storage the checkpoints live in.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    /// The directory (key prefix) of `step`.
+    pub fn step_dir(&self, step: u64) -> String {
+        layout::step_dir(&self.prefix, step)
+    }
+
+    /// The commit record of `step`, checked to be of this version and for this step.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when there is none; [`ErrorKind::Corrupt`] when it is
+    /// unreadable or of another version or step; the storage's errors.
+    pub(crate) fn read_record(&self, step: u64) -> Result<CommitRecord> {
+        let key = layout::record_key(&self.step_dir(step));
+        let record: CommitRecord = read_json(self.storage.as_ref(), &key, "commit record")?;
+        if record.weightbay_checkpoint != RECORD_VERSION || record.step != step {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "commit record of version {} for step {}, expected version {RECORD_VERSION} for step {step}",
+                    record.weightbay_checkpoint, record.step
+                ),
+            )
+            .with_key(&key));
+        }
+        Ok(record)
+    }
+}

@@ -1,0 +1,117 @@
+//! Copying a checkpoint between storages: every container streamed across with its CRC32C
+//! compared to the record on the way, the record written last, as a save would.
+
+use weightbay::backend_kit::unique_token;
+use weightbay::{
+    CreateOptions, Durability, Error, ErrorKind, Result, Storage, StorageExt, WriteMode,
+};
+
+use crate::checkpoint::{Checkpoint, for_each_window};
+use crate::checkpoints::Checkpoints;
+use crate::layout;
+use crate::record::{CommitRecord, ContainerRecord, encode};
+
+impl Checkpoints {
+    /// Copies `checkpoint` (from any storage) here under the same step, byte for byte: every
+    /// container streams across with its CRC32C compared to the record's on the way, then the
+    /// same commit record is written last with create-new. A copy that fails or finds a
+    /// container changed removes what it wrote and commits nothing.
+    ///
+    /// # Errors
+    /// [`ErrorKind::AlreadyExists`] when the step is committed here already;
+    /// [`ErrorKind::Corrupt`] naming a container whose bytes differ from the record; the
+    /// storages' errors.
+    pub fn copy_from(
+        &self,
+        checkpoint: &Checkpoint,
+        durability: Durability,
+    ) -> Result<CommitRecord> {
+        let step = checkpoint.step();
+        let dir = self.step_dir(step);
+        self.saves.begin((step, dir.clone()))?;
+        let result = self.copy_containers(checkpoint, &dir, durability);
+        self.saves.end();
+        result
+    }
+
+    fn copy_containers(
+        &self,
+        checkpoint: &Checkpoint,
+        dir: &str,
+        durability: Durability,
+    ) -> Result<CommitRecord> {
+        let record_key = layout::record_key(dir);
+        if self.storage.open(&record_key).is_ok() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("step {} is committed already", checkpoint.step()),
+            )
+            .with_key(&record_key));
+        }
+        // Into a save directory of this copy's own, like any save, so a racing copy or save
+        // of the step never writes over these containers.
+        let save = unique_token();
+        let moved = |key: &str| match key.split_once('/') {
+            Some((_, rest)) => format!("{save}/{rest}"),
+            None => format!("{save}/{key}"),
+        };
+        let mut record = checkpoint.record.clone();
+        record.index = record.index.as_deref().map(moved);
+        for slice in record.tensors.values_mut().flat_map(|t| &mut t.slices) {
+            slice.container = moved(&slice.container);
+        }
+        let mut written = Vec::new();
+        let copied = checkpoint
+            .record
+            .containers
+            .iter()
+            .zip(record.containers.iter_mut())
+            .try_for_each(|(from, to)| {
+                to.key = moved(&from.key);
+                let key = format!("{dir}/{}", to.key);
+                written.push(key.clone());
+                copy_checked(checkpoint, from, self.storage.as_ref(), &key, durability)
+            });
+        let committed = copied
+            .and_then(|()| encode(&record))
+            .and_then(|body| self.storage.write_new(&record_key, &body, durability));
+        if let Err(e) = committed {
+            for key in written {
+                let _ = self.storage.delete(&key);
+            }
+            return Err(e);
+        }
+        Ok(record)
+    }
+}
+
+/// Streams `container` of `checkpoint` to `key` of `storage`, comparing length and CRC32C
+/// with the record before committing.
+fn copy_checked(
+    checkpoint: &Checkpoint,
+    container: &ContainerRecord,
+    storage: &dyn Storage,
+    key: &str,
+    durability: Durability,
+) -> Result<()> {
+    let from = checkpoint.key(&container.key);
+    let source = checkpoint
+        .storage
+        .open(&from)
+        .map_err(|e| e.with_key(&from))?;
+    container.check_len(source.len(), &from)?;
+    let options = CreateOptions::default()
+        .with_mode(WriteMode::Overwrite)
+        .with_durability(durability)
+        .with_expected_len(container.len);
+    let mut sink = storage
+        .create(key, &options)
+        .map_err(|e| e.with_operation("create").with_key(key))?;
+    let crc = for_each_window(source.as_ref(), 0..source.len(), |window| {
+        sink.write(window)
+    })
+    .map_err(|e| e.with_key(key))?;
+    container.check_crc(crc, &from)?;
+    sink.commit()
+        .map_err(|e| e.with_operation("commit").with_key(key))
+}

@@ -1,0 +1,90 @@
+//! The checkpoints of a training run, under one prefix of any weightbay
+//! [`Storage`](weightbay::Storage): saved in the foreground or the background, listed, found
+//! (the newest complete one), opened, verified against checksums taken while they were
+//! written, thinned out and cleaned up.
+//!
+//! # Layout and the commit point
+//!
+//! ```text
+//! <prefix>/step-1000/commit.json                              the commit record, written last
+//! <prefix>/step-1000/<save>/model.bpk                         one container, or
+//! <prefix>/step-1000/<save>/model.safetensors.index.json      a sharded set (Hugging Face's
+//! <prefix>/step-1000/<save>/model-…-00001-of-00002.safetensors  index and shard names)
+//! ```
+//!
+//! Every save writes its containers in a directory of its own (`<save>` is a token no other
+//! save uses, see [`unique_token`](weightbay::backend_kit::unique_token)), then the commit
+//! record with create-new. **A checkpoint exists exactly when its commit record does**, and the
+//! record names each container with its length and the CRC32C of its bytes, taken while they
+//! streamed out, so a checkpoint whose containers went missing, were truncated or changed by
+//! one bit is reported, never loaded as complete, in either format. Of two saves racing for one
+//! step, exactly one record is created; the other save removes its containers and fails with
+//! [`ErrorKind::AlreadyExists`](weightbay::ErrorKind::AlreadyExists). A save that dies leaves a
+//! directory without a record, which [`Checkpoints::gc`] removes once a newer checkpoint is
+//! complete.
+//!
+//! A job of many processes saves one step from every rank with [`Checkpoints::save_rank`]:
+//! each rank's container and manifest, committed once by the rank that sees them all, with no
+//! coordinator ([`RankSave`] has the protocol). [`Checkpoint::assembled`] loads it in any rank
+//! layout, by [`Region`].
+//!
+//! ```
+//! use weightbay_checkpoints::{Checkpoints, Retention};
+//! use weightbay::{MemoryStorage, Tensor, Writer};
+//!
+//! let checkpoints = Checkpoints::new(MemoryStorage::new(), "run-1");
+//! for step in [100, 200, 300] {
+//!     let weights = vec![Tensor::from_slice("w", [2], &[step as f32, 1.0])];
+//!     checkpoints.save(step, Writer::new(weights))?;
+//! }
+//! let latest = checkpoints.latest()?.expect("three were saved");
+//! assert_eq!(latest.step(), 300);
+//! assert_eq!(latest.reader()?.read_as::<f32>("w")?, [300.0, 1.0]);
+//! latest.verify()?; // every container against the CRC32C in the commit record
+//!
+//! checkpoints.retain(&Retention::keep_last(2))?;
+//! assert_eq!(checkpoints.steps()?, [200, 300]);
+//! # Ok::<(), weightbay::Error>(())
+//! ```
+//!
+//! The crate is built over `weightbay`'s public API only. Its files are its own formats
+//! (commit records and rank manifests, versioned JSON: docs/FORMAT.md), and each concern has a
+//! module: the stored schema (`record`), where keys lie (`layout`), saving in the foreground
+//! (`save`) and the background (`background`), finding checkpoints (`listing`), retention and
+//! gc (`retention`), copies (`copy`), one checkpoint and its verification (`checkpoint`), rank
+//! saves (`ranks`) and their merge (`merge`), and loading in any rank layout (`assembled`,
+//! `region`).
+
+/// The README's examples (which use this crate and `weightbay`), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+mod assembled;
+mod background;
+mod checkpoint;
+mod checkpoints;
+mod copy;
+mod in_flight;
+mod layout;
+mod listing;
+mod merge;
+mod ranks;
+mod record;
+mod recording;
+mod region;
+mod retention;
+mod save;
+
+pub use assembled::AssembledWeights;
+pub use background::SaveHandle;
+pub use checkpoint::{Checkpoint, CheckpointReport};
+pub use checkpoints::Checkpoints;
+pub use layout::{COMMIT_RECORD, RANKS_DIR};
+pub use listing::{RankProgress, StepState, StepStatus};
+pub use ranks::{RankOutcome, RankSave, Rendezvous};
+pub use record::{
+    CommitRecord, ContainerRecord, LogicalTensor, RankManifest, RankTensor, Region, SliceRecord,
+};
+pub use retention::{GcReport, Retention};
+pub use save::SaveOptions;

@@ -1,0 +1,204 @@
+//! Finding checkpoints: every step under the prefix with its state, the newest complete one,
+//! and one step opened after checking that its containers are all there. One listing, plus a
+//! read per commit record examined.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use weightbay::{Error, ErrorKind, Listed, Result};
+
+use crate::checkpoint::Checkpoint;
+use crate::checkpoints::Checkpoints;
+use crate::layout;
+use crate::record::CommitRecord;
+
+/// A step found under the prefix, committed or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepStatus {
+    /// The training step.
+    pub step: u64,
+    /// Its commit record, when there is one.
+    pub record: Option<CommitRecord>,
+    /// Whether it is committed and every container it names is present with its length.
+    pub state: StepState,
+    /// Bytes stored under the step's directory.
+    pub stored_bytes: u64,
+    /// For a step written by several ranks, the rank manifests listed: which ranks finished.
+    pub ranks: Option<RankProgress>,
+}
+
+/// Whether a step is a checkpoint that can be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepState {
+    /// Committed, and every container is present with the recorded length.
+    Complete,
+    /// Committed, but something is wrong: what (a container missing or of another length, an
+    /// unreadable record).
+    Damaged(String),
+    /// No commit record: a save in progress, or one that died.
+    Uncommitted,
+}
+
+/// How far the ranks of an uncommitted step got, from the manifests listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RankProgress {
+    /// How many ranks write the step.
+    pub world_size: u32,
+    /// The ranks whose manifests are written.
+    pub written: Vec<u32>,
+}
+
+impl RankProgress {
+    /// The ranks whose manifests are not written.
+    pub fn missing(&self) -> Vec<u32> {
+        let written: BTreeSet<u32> = self.written.iter().copied().collect();
+        (0..self.world_size)
+            .filter(|rank| !written.contains(rank))
+            .collect()
+    }
+}
+
+/// The manifests listed in `dir`'s `stored`, by world size: the ranks written.
+/// The manifests listed in `dir`'s `stored`, by world size: the ranks written.
+fn progress(dir: &str, stored: &[Listed]) -> Option<RankProgress> {
+    let mut by_world: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for listed in stored {
+        if let Some((rank, world_size)) = layout::parse_manifest_key(dir, &listed.key) {
+            by_world.entry(world_size).or_default().push(rank);
+        }
+    }
+    // Manifests of another world size are a stale attempt's: report the likeliest layout.
+    let (world_size, mut written) = by_world
+        .into_iter()
+        .max_by_key(|(world_size, ranks)| (ranks.len(), *world_size))?;
+    written.sort_unstable();
+    Some(RankProgress {
+        world_size,
+        written,
+    })
+}
+
+impl Checkpoints {
+    /// Every step under the prefix, committed or not, oldest first, with its state: one
+    /// listing, plus one read per commit record.
+    ///
+    /// # Errors
+    /// The storage's errors ([`ErrorKind::Unsupported`] where it cannot list).
+    pub fn list(&self) -> Result<Vec<StepStatus>> {
+        Ok(self
+            .listing()?
+            .into_iter()
+            .map(|(step, stored)| self.status(step, &stored))
+            .collect())
+    }
+
+    /// Everything stored under the prefix, by step: one [`Storage::list`].
+    pub(crate) fn listing(&self) -> Result<BTreeMap<u64, Vec<Listed>>> {
+        let mut by_step: BTreeMap<u64, Vec<Listed>> = BTreeMap::new();
+        for listed in self.storage.list(&self.prefix)? {
+            if let Some(step) = layout::step_of(&self.prefix, &listed.key) {
+                by_step.entry(step).or_default().push(listed);
+            }
+        }
+        Ok(by_step)
+    }
+
+    /// The state of `step`, whose directory holds `stored`: its commit record is read, if it
+    /// has one, and the containers it names are looked up in `stored`.
+    fn status(&self, step: u64, stored: &[Listed]) -> StepStatus {
+        let record_key = layout::record_key(&self.step_dir(step));
+        let (record, state) = if stored.iter().any(|l| l.key == record_key) {
+            match self.read_record(step) {
+                Ok(record) => {
+                    let state = check_present(&self.step_dir(step), &record, stored);
+                    (Some(record), state)
+                }
+                Err(e) => (None, StepState::Damaged(e.to_string())),
+            }
+        } else {
+            (None, StepState::Uncommitted)
+        };
+        StepStatus {
+            step,
+            record,
+            state,
+            stored_bytes: stored.iter().map(|l| l.len).sum(),
+            ranks: progress(&self.step_dir(step), stored),
+        }
+    }
+
+    /// The steps of the complete checkpoints, oldest first.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn steps(&self) -> Result<Vec<u64>> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter(|s| s.state == StepState::Complete)
+            .map(|s| s.step)
+            .collect())
+    }
+
+    /// The newest complete checkpoint, if any: what a resumed training run loads. Costs one
+    /// listing (one request per 1,000 keys on S3, GCS and Azure) and one read per commit
+    /// record examined, newest first: one, unless the newest are damaged or uncommitted.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn latest(&self) -> Result<Option<Checkpoint>> {
+        // Newest first, reading commit records only until one is complete: one listing and,
+        // usually, one read, however many checkpoints there are.
+        for (step, stored) in self.listing()?.into_iter().rev() {
+            let status = self.status(step, &stored);
+            if let (StepState::Complete, Some(record)) = (status.state, status.record) {
+                return Ok(Some(Checkpoint {
+                    storage: Arc::clone(&self.storage),
+                    dir: self.step_dir(step),
+                    record,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The checkpoint of `step`, checked to be complete.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when `step` has no commit record; [`ErrorKind::Corrupt`] naming
+    /// what is wrong when a container it names is missing or of another length.
+    pub fn open(&self, step: u64) -> Result<Checkpoint> {
+        let record = self.read_record(step)?;
+        let dir = self.step_dir(step);
+        let stored = self.storage.list(&dir)?;
+        if let StepState::Damaged(why) = check_present(&dir, &record, &stored) {
+            return Err(Error::new(ErrorKind::Corrupt, why).with_key(&dir));
+        }
+        Ok(Checkpoint {
+            storage: Arc::clone(&self.storage),
+            dir,
+            record,
+        })
+    }
+}
+
+/// Whether every container `record` names is among `stored` with its recorded length.
+fn check_present(dir: &str, record: &CommitRecord, stored: &[Listed]) -> StepState {
+    let lengths: BTreeMap<&str, u64> = stored.iter().map(|l| (l.key.as_str(), l.len)).collect();
+    for container in &record.containers {
+        let key = format!("{dir}/{}", container.key);
+        match lengths.get(key.as_str()) {
+            Some(&len) if len == container.len => {}
+            Some(&len) => {
+                return StepState::Damaged(format!(
+                    "{key} holds {len} bytes, the commit record says {}",
+                    container.len
+                ));
+            }
+            None => return StepState::Damaged(format!("{key} is missing")),
+        }
+    }
+    StepState::Complete
+}

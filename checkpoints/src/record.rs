@@ -1,0 +1,196 @@
+//! The checkpoint's own files, as stored: the commit record that makes a step a checkpoint,
+//! the rank manifests it is merged from, and the [`Region`]s they name. Versioned JSON, read
+//! with a size bound; nothing here touches the other modules of the crate, so the on-storage
+//! schema reads in one place (docs/FORMAT.md describes the same fields).
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use weightbay::{Error, ErrorKind, Result, Storage};
+
+/// The version of the commit record's layout this code writes and reads.
+pub(crate) const RECORD_VERSION: u32 = 1;
+/// The version of the rank manifest's layout this code writes and reads.
+pub(crate) const MANIFEST_VERSION: u32 = 1;
+/// The largest commit record or manifest read.
+const MAX_RECORD_LEN: u64 = 16 * 1024 * 1024;
+
+/// What a checkpoint's commit record says: written last, it is the checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct CommitRecord {
+    /// The layout version of this record (1).
+    pub weightbay_checkpoint: u32,
+    /// The training step.
+    pub step: u64,
+    /// When the save committed, in milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
+    /// `burnpack` or `safetensors`.
+    pub format: String,
+    /// The caller's metadata (see [`SaveOptions::with_metadata`]).
+    pub metadata: BTreeMap<String, String>,
+    /// For a sharded set, the index's key relative to the step's directory.
+    pub index: Option<String>,
+    /// Every container, with its key relative to the step's directory.
+    pub containers: Vec<ContainerRecord>,
+    /// For a checkpoint written by several ranks ([`Checkpoints::save_rank`]), how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
+    /// For a checkpoint written by several ranks, every logical tensor and the slices that
+    /// tile it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tensors: BTreeMap<String, LogicalTensor>,
+}
+
+/// One container of a checkpoint, as its save wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ContainerRecord {
+    /// Key relative to the step's directory.
+    pub key: String,
+    /// Length in bytes.
+    pub len: u64,
+    /// CRC32C (Castagnoli) of all its bytes.
+    pub crc32c: u32,
+}
+
+impl ContainerRecord {
+    /// Fails with [`ErrorKind::Corrupt`], naming `key`, unless `len` is the recorded length.
+    pub(crate) fn check_len(&self, len: u64, key: &str) -> Result<()> {
+        if len == self.len {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Corrupt,
+            format!("holds {len} bytes, the commit record says {}", self.len),
+        )
+        .with_key(key))
+    }
+
+    /// Fails with [`ErrorKind::Corrupt`], naming `key`, unless `crc` is the recorded CRC32C.
+    pub(crate) fn check_crc(&self, crc: u32, key: &str) -> Result<()> {
+        if crc == self.crc32c {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "CRC32C {crc:08x}, the commit record says {:08x}",
+                self.crc32c
+            ),
+        )
+        .with_key(key))
+    }
+}
+
+/// What a rank wrote: its manifest, the unit the commit merges.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankManifest {
+    /// The layout version of this manifest (1).
+    pub weightbay_rank_manifest: u32,
+    /// The training step.
+    pub step: u64,
+    /// This rank.
+    pub rank: u32,
+    /// How many ranks write the step.
+    pub world_size: u32,
+    /// `burnpack` or `safetensors`.
+    pub format: String,
+    /// The caller's metadata; rank 0's becomes the commit record's.
+    pub metadata: BTreeMap<String, String>,
+    /// The rank's containers, keys relative to the step's directory.
+    pub containers: Vec<ContainerRecord>,
+    /// Every tensor the rank holds, whole or a slice, by its logical name.
+    pub tensors: BTreeMap<String, RankTensor>,
+}
+
+/// A tensor, or a slice of one, that a rank holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankTensor {
+    /// The element type, as [`DType`](crate::DType) displays it.
+    pub dtype: String,
+    /// The whole tensor's shape.
+    pub shape: Vec<u64>,
+    /// The part this rank holds (all of it for a whole tensor).
+    pub region: Region,
+    /// The container (key relative to the step's directory) it is stored in, under its
+    /// logical name, as a tensor of the region's lengths.
+    pub container: String,
+}
+
+/// A logical tensor of a multi-rank checkpoint, as the commit record lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct LogicalTensor {
+    /// The element type, as [`DType`](crate::DType) displays it.
+    pub dtype: String,
+    /// The whole tensor's shape.
+    pub shape: Vec<u64>,
+    /// The slices that tile it, in rank order.
+    pub slices: Vec<SliceRecord>,
+}
+
+/// One stored slice of a logical tensor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SliceRecord {
+    /// The rank that wrote it.
+    pub rank: u32,
+    /// Its container, key relative to the step's directory.
+    pub container: String,
+    /// The part of the tensor it holds.
+    pub region: Region,
+}
+
+/// A box of a tensor: where it starts and how long it is along every dimension.
+///
+/// ```
+/// use weightbay_checkpoints::Region;
+/// // Rows 2..4 of an 8 × 6 matrix.
+/// let rows = Region::new([2, 0], [2, 6]);
+/// assert_eq!(rows.elements(), 12);
+/// assert!(rows.within(&[8, 6]).is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Region {
+    /// The first index along each dimension.
+    pub offsets: Vec<u64>,
+    /// How many indices along each dimension.
+    pub lengths: Vec<u64>,
+}
+
+/// `value` as pretty-printed JSON.
+pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec_pretty(value).map_err(|e| Error::invalid(format!("encoding JSON: {e}")))
+}
+
+/// Reads and decodes the small JSON file at `key` (`what` names it in errors).
+pub(crate) fn read_json<T: DeserializeOwned>(
+    storage: &dyn Storage,
+    key: &str,
+    what: &str,
+) -> Result<T> {
+    let source = storage.open(key).map_err(|e| e.with_key(key))?;
+    if source.len() > MAX_RECORD_LEN {
+        return Err(Error::new(
+            ErrorKind::LimitExceeded,
+            format!("{what} over {MAX_RECORD_LEN} bytes"),
+        )
+        .with_key(key));
+    }
+    let mut body = vec![0; source.len() as usize];
+    source.read_at(0, &mut body).map_err(|e| e.with_key(key))?;
+    serde_json::from_slice(&body).map_err(|e| {
+        Error::new(ErrorKind::Corrupt, format!("unreadable {what}: {e}")).with_key(key)
+    })
+}
+
+/// Now, in milliseconds since the Unix epoch, as records store it.
+pub(crate) fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,12 @@
+//! What a backend author builds a [`Storage`](crate::Storage) from, beyond the traits: the key
+//! rules every backend applies, the range and length checks the contracts name, batched and
+//! lazy reads a [`Source`](crate::Source) can return, and the file-system seam the local
+//! backend does its I/O through (so the conformance suite can run it on a simulated disk).
+//! Users who only save and load never need this module.
+
+pub use crate::fs::{FileHandle, FileSystem};
+pub use crate::keys::{MAX_KEY_LEN, is_under, unique_token, validate_key, validate_prefix};
+pub use crate::lazy::lazy_bytes;
+pub use crate::ranges::{check_range, check_ranges, check_written};
+pub use crate::reader::OPEN_PREFIX_LEN;
+pub use crate::reads::{fetch_views, read_at_parallel};
