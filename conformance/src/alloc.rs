@@ -1,7 +1,22 @@
 //! A counting global allocator for the peak-memory case.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The counting allocator this binary runs on, once [`install`] named it.
+static INSTALLED: OnceLock<&'static CountingAllocator> = OnceLock::new();
+
+/// Names `allocator`, which must be this binary's `#[global_allocator]`, to the peak-memory
+/// case ([`memory_bound!`](crate::memory_bound) does both). A second call is ignored.
+pub fn install(allocator: &'static CountingAllocator) {
+    let _ = INSTALLED.set(allocator);
+}
+
+/// The allocator [`install`] named, if any.
+pub fn installed() -> Option<&'static CountingAllocator> {
+    INSTALLED.get().copied()
+}
 
 /// Forwards to the system allocator and tracks live bytes and their peak.
 #[derive(Debug)]

@@ -1,7 +1,7 @@
 //! The reference backend passes its own suite.
 
 use weightbay::MemoryStorage;
-use weightbay_conformance::Harness;
+use weightbay_conformance::{Case, Harness};
 
 struct Memory;
 
@@ -16,12 +16,12 @@ impl Harness for Memory {
         storage.clone()
     }
 
-    fn not_applicable(&self) -> &[&'static str] {
+    fn not_applicable(&self) -> &[Case] {
         // Nothing outlives the process, and nothing goes through a file system.
         &[
-            "power_loss_at_every_operation",
-            "file_system_fault_at_every_operation",
-            "process_crash_at_every_step",
+            Case::PowerLossAtEveryOperation,
+            Case::FileSystemFaultAtEveryOperation,
+            Case::ProcessCrashAtEveryStep,
         ]
     }
 

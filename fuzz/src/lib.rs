@@ -9,14 +9,11 @@ use std::sync::{Arc, OnceLock};
 use arbitrary::Unstructured;
 use weightbay::{
     DType, MemorySource, MemoryStorage, ReadOptions, Reader, Scalar,
-    Storage, Validation, Writer,
+    Storage, Tensor, Validation, Writer,
 };
 use weightbay_conformance::model::{KEYS, Model, Op, VERSIONS};
 
-// The same mapping the interop tests use.
-#[path = "../../core/tests/common/burn.rs"]
-mod burn;
-use burn::{TensorParts, to_burn_scalar};
+use weightbay_burn::{to_burn_pack_tensor, to_burn_scalar};
 
 /// Any bytes, as a container: opening never panics; what opens reads, verifies (or reports
 /// why not), and re-encodes into a container that opens strictly with the same contents.
@@ -79,7 +76,7 @@ fn qfloat() -> DType {
     reader.tensor("q").expect("the tensor we wrote").dtype().clone()
 }
 
-fn tensor_input(u: &mut Unstructured<'_>, qfloat: &DType) -> arbitrary::Result<TensorParts> {
+fn tensor_input(u: &mut Unstructured<'_>, qfloat: &DType) -> arbitrary::Result<Tensor> {
     let name: String = u.arbitrary()?;
     let choice = u.int_in_range(0..=DType::FIXED.len())?;
     let dtype = DType::FIXED.get(choice).cloned().unwrap_or_else(|| qfloat.clone());
@@ -90,8 +87,12 @@ fn tensor_input(u: &mut Unstructured<'_>, qfloat: &DType) -> arbitrary::Result<T
         _ => u.int_in_range(0..=64)?,
     };
     let fill: u8 = u.arbitrary()?;
-    let data = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
-    Ok(TensorParts { name, dtype, shape, param_id: u.arbitrary()?, data })
+    let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
+    let tensor = Tensor::new(name, dtype, shape, data);
+    Ok(match u.arbitrary()? {
+        Some(id) => tensor.with_param_id(id),
+        None => tensor,
+    })
 }
 
 fn scalar(u: &mut Unstructured<'_>) -> arbitrary::Result<Scalar> {
@@ -115,7 +116,7 @@ pub fn roundtrip(input: &[u8]) {
     let mut tensors = Vec::new();
     for _ in 0..count {
         let Ok(tensor) = tensor_input(&mut u, qfloat) else { break };
-        if names.insert(tensor.name.clone()) {
+        if names.insert(tensor.name().to_owned()) {
             tensors.push(tensor);
         }
     }
@@ -135,8 +136,7 @@ pub fn roundtrip(input: &[u8]) {
     let trailer: bool = u.arbitrary().unwrap_or(true);
 
     let writer = || {
-        let ours = tensors.iter().map(TensorParts::ours).collect();
-        let mut writer = Writer::new(ours).with_alignment(alignment);
+        let mut writer = Writer::new(tensors.clone()).with_alignment(alignment);
         for (k, v) in &metadata {
             writer = writer.with_metadata(k, v);
         }
@@ -151,16 +151,20 @@ pub fn roundtrip(input: &[u8]) {
     let bits = |m: &BTreeMap<String, Scalar>| m.iter().map(|(k, v)| (k.clone(), scalar_bits(*v))).collect::<Vec<_>>();
     assert_eq!(bits(reader.scalars()), bits(&scalars));
     for t in &tensors {
-        let info = reader.tensor(&t.name).expect("every tensor is listed");
-        assert_eq!((info.dtype(), info.shape(), info.param_id()), (&t.dtype, &t.shape[..], t.param_id));
-        assert_eq!(reader.read(&t.name).expect("tensors read"), t.data);
+        let info = reader.tensor(t.name()).expect("every tensor is listed");
+        assert_eq!((info.dtype(), info.shape(), info.param_id()), (t.dtype(), t.shape(), t.param_id()));
+        let data = t.bytes().and_then(|b| b.to_vec()).expect("eager tensors hold their bytes");
+        assert_eq!(reader.read(t.name()).expect("tensors read"), data);
         assert_eq!(info.range().start % alignment, 0);
     }
     reader.verify().expect("written containers verify");
 
     if alignment == 256 {
         // Every dtype the input makes (DType::FIXED and QFloat) is one burn-pack has.
-        let theirs = tensors.iter().filter_map(TensorParts::burn).collect();
+        let theirs = tensors
+            .iter()
+            .map(|t| to_burn_pack_tensor(t).expect("burn-pack has every dtype the input makes"))
+            .collect();
         let mut burn = burn_pack::Writer::new(theirs);
         for (k, v) in &metadata {
             burn = burn.with_metadata(k, v);

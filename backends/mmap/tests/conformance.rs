@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use weightbay_conformance::{FaultPlan, FaultyFileSystem, Harness};
+use weightbay_conformance::{Case, FaultPlan, FaultyFileSystem, Harness};
 use weightbay_local::{LocalStorage, StdFileSystem};
 use weightbay_mmap::MmapStorage;
 
@@ -61,11 +61,11 @@ impl Harness for Mmap {
         )))
     }
 
-    fn not_applicable(&self) -> &[&'static str] {
+    fn not_applicable(&self) -> &[Case] {
         // Maps need real files: there is no simulated file system to put this backend on.
         &[
-            "power_loss_at_every_operation",
-            "file_system_fault_at_every_operation",
+            Case::PowerLossAtEveryOperation,
+            Case::FileSystemFaultAtEveryOperation,
         ]
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use weightbay::{Error, Result, Storage};
 use weightbay_local::LocalStorage;
 
-use crate::Retry;
+use crate::url::{Retry, open_url_with};
 
 /// A storage and the key of one checkpoint in it, plus how to name it in messages.
 ///
@@ -86,8 +86,7 @@ impl Location {
                             "`{input}` names no object: expected {scheme}://bucket/path/file"
                         ))
                     })?;
-                let storage =
-                    crate::open_url_with(store, std::iter::empty::<(&str, &str)>(), retry)?;
+                let storage = open_url_with(store, std::iter::empty::<(&str, &str)>(), retry)?;
                 Ok(Self {
                     storage: Arc::new(storage),
                     key: key.to_owned(),

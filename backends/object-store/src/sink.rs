@@ -12,7 +12,8 @@ use weightbay::backend_kit::check_written;
 use weightbay::{CreateOptions, Error, ErrorKind, Result, Sink, WriteMode};
 
 use crate::error::convert;
-use crate::{ObjectStorage, STAGING_DIR};
+use crate::options::ObjectStoreOptions;
+use crate::runtime::Bridge;
 
 /// An upload in progress.
 struct Upload {
@@ -67,7 +68,11 @@ impl Drop for PartBuffer {
 }
 
 pub(crate) struct ObjectSink {
-    storage: ObjectStorage,
+    store: Arc<dyn ObjectStore>,
+    /// Where create-new uploads are staged.
+    staging: Path,
+    bridge: Bridge,
+    parts_in_flight: usize,
     key: String,
     target: Path,
     create_new: bool,
@@ -81,7 +86,10 @@ pub(crate) struct ObjectSink {
 
 impl ObjectSink {
     pub(crate) fn new(
-        storage: ObjectStorage,
+        store: Arc<dyn ObjectStore>,
+        staging: Path,
+        bridge: Bridge,
+        tuning: ObjectStoreOptions,
         key: &str,
         target: Path,
         options: &CreateOptions,
@@ -91,7 +99,7 @@ impl ObjectSink {
         const S3_COPY_LIMIT: u64 = 5 << 30;
         if create_new
             && options.expected_len.is_some_and(|len| len > S3_COPY_LIMIT)
-            && storage.store.to_string().starts_with("AmazonS3")
+            && store.to_string().starts_with("AmazonS3")
         {
             return Err(Error::unsupported(
                 "create-new of containers over 5 GiB on S3 (its conditional copy stops there)",
@@ -99,20 +107,19 @@ impl ObjectSink {
             .with_key(key));
         }
         if create_new {
-            let store = Arc::clone(&storage.store);
+            let store = Arc::clone(&store);
             let path = target.clone();
             // Fail fast when the key is taken; commit checks again, atomically.
-            if storage
-                .bridge
-                .run(async move { store.head(&path).await })?
-                .is_ok()
-            {
+            if bridge.run(async move { store.head(&path).await })?.is_ok() {
                 return Err(Error::new(ErrorKind::AlreadyExists, "object exists").with_key(key));
             }
         }
-        let part_size = storage.options.part_size_for(options.expected_len);
+        let part_size = tuning.part_size_for(options.expected_len);
         Ok(Self {
-            storage,
+            store,
+            staging,
+            bridge,
+            parts_in_flight: tuning.parts_in_flight,
             key: key.to_owned(),
             target,
             create_new,
@@ -126,7 +133,7 @@ impl ObjectSink {
     }
 
     fn store(&self) -> Arc<dyn ObjectStore> {
-        Arc::clone(&self.storage.store)
+        Arc::clone(&self.store)
     }
 
     fn context(&self, what: &str, upload: &Upload) -> String {
@@ -140,17 +147,15 @@ impl ObjectSink {
     fn start_upload(&mut self) -> Result<()> {
         let path = if self.create_new {
             let unique = weightbay::backend_kit::unique_token();
-            self.key.split('/').fold(
-                self.storage.prefix.clone().join(STAGING_DIR).join(unique),
-                |p, s| p.join(s),
-            )
+            self.key
+                .split('/')
+                .fold(self.staging.clone().join(unique), |p, s| p.join(s))
         } else {
             self.target.clone()
         };
         let store = self.store();
         let start = path.clone();
         let upload = self
-            .storage
             .bridge
             .run(async move {
                 store
@@ -172,8 +177,8 @@ impl ObjectSink {
         if self.upload.is_none() {
             self.start_upload()?;
         }
-        let limit = self.storage.options.parts_in_flight.max(1);
-        let bridge = self.storage.bridge.clone();
+        let limit = self.parts_in_flight.max(1);
+        let bridge = self.bridge.clone();
         let Some(upload) = self.upload.as_mut() else {
             return Ok(());
         };
@@ -201,7 +206,7 @@ impl ObjectSink {
         if !self.buffer.is_empty() {
             self.send_part()?;
         }
-        let bridge = self.storage.bridge.clone();
+        let bridge = self.bridge.clone();
         let Some(mut upload) = self.upload.take() else {
             return Err(Error::new(ErrorKind::Io, "no upload to complete"));
         };
@@ -242,7 +247,7 @@ impl ObjectSink {
         let store = self.store();
         let path = self.target.clone();
         let payload = data.clone();
-        let result = self.storage.bridge.run(async move {
+        let result = self.bridge.run(async move {
             store
                 .put_opts(
                     &path,
@@ -274,7 +279,6 @@ impl ObjectSink {
         let store = self.store();
         let path = path.clone();
         let found = self
-            .storage
             .bridge
             .run(async move { store.get(&path).await?.bytes().await });
         matches!(found, Ok(Ok(bytes)) if bytes == *data)
@@ -284,7 +288,7 @@ impl ObjectSink {
     fn same_objects(&self, a: &Path, b: &Path) -> bool {
         let store = self.store();
         let (a, b) = (a.clone(), b.clone());
-        let compared = self.storage.bridge.run(async move {
+        let compared = self.bridge.run(async move {
             let (meta_a, meta_b) = (store.head(&a).await?, store.head(&b).await?);
             if meta_a.size != meta_b.size {
                 return Ok::<bool, object_store::Error>(false);
@@ -309,7 +313,7 @@ impl ObjectSink {
     fn publish_staged(&self, staged: &Path) -> Result<()> {
         let store = self.store();
         let (from, to) = (staged.clone(), self.target.clone());
-        let copied = self.storage.bridge.run(async move {
+        let copied = self.bridge.run(async move {
             store
                 .copy_opts(&from, &to, CopyOptions::new().with_mode(CopyMode::Create))
                 .await
@@ -328,16 +332,13 @@ impl ObjectSink {
         let staged = staged.clone();
         // Best effort: a staging object left behind is listed by `pending` and removed by
         // `clean_pending`; it is never mistaken for the container.
-        let _ = self
-            .storage
-            .bridge
-            .run(async move { store.delete(&staged).await });
+        let _ = self.bridge.run(async move { store.delete(&staged).await });
         outcome
     }
 }
 
 fn wait_part(
-    bridge: &crate::Bridge,
+    bridge: &Bridge,
     part: usize,
     handle: tokio::task::JoinHandle<object_store::Result<()>>,
 ) -> Result<()> {
@@ -353,7 +354,7 @@ fn wait_part(
 }
 
 /// Waits for the parts in flight to settle, then aborts the upload.
-fn abort(bridge: &crate::Bridge, upload: Upload) {
+fn abort(bridge: &Bridge, upload: Upload) {
     let Upload {
         mut upload,
         in_flight,
@@ -405,7 +406,7 @@ impl Sink for ObjectSink {
 impl Drop for ObjectSink {
     fn drop(&mut self) {
         if let Some(upload) = self.upload.take() {
-            abort(&self.storage.bridge, upload);
+            abort(&self.bridge, upload);
         }
     }
 }

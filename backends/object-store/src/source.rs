@@ -12,7 +12,8 @@ use weightbay::backend_kit::{OPEN_PREFIX_LEN, check_range, lazy_bytes};
 use weightbay::{AllocationProperty, Bytes, Error, ErrorKind, Result, Source};
 
 use crate::error::convert;
-use crate::{Bridge, ObjectStoreOptions};
+use crate::options::ObjectStoreOptions;
+use crate::runtime::Bridge;
 
 /// Adjacent ranges closer than this are fetched in one request.
 const COALESCE_GAP: u64 = 1 << 20;

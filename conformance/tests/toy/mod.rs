@@ -9,7 +9,7 @@ use weightbay::backend_kit::{check_range, is_under, validate_key, validate_prefi
 use weightbay::{
     Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage, WriteMode,
 };
-use weightbay_conformance::Harness;
+use weightbay_conformance::{Case, Harness};
 
 /// A deliberate bug, for showing that the suite fails loudly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,12 +228,12 @@ impl Harness for HashMapHarness {
         storage.clone()
     }
 
-    fn not_applicable(&self) -> &[&'static str] {
+    fn not_applicable(&self) -> &[Case] {
         // Nothing outlives the process, and nothing goes through a file system.
         &[
-            "power_loss_at_every_operation",
-            "file_system_fault_at_every_operation",
-            "process_crash_at_every_step",
+            Case::PowerLossAtEveryOperation,
+            Case::FileSystemFaultAtEveryOperation,
+            Case::ProcessCrashAtEveryStep,
         ]
     }
 }

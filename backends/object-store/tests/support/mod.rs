@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use intercept::Intercepted;
-use weightbay_conformance::{FaultPlan, Harness};
+use weightbay_conformance::{Case, FaultPlan, Harness};
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions, open_url};
 
 /// The cases no object store can run: it does no file I/O through weightbay's file-system seam.
-const NO_FILE_SYSTEM: [&str; 2] = [
-    "power_loss_at_every_operation",
-    "file_system_fault_at_every_operation",
+const NO_FILE_SYSTEM: [Case; 2] = [
+    Case::PowerLossAtEveryOperation,
+    Case::FileSystemFaultAtEveryOperation,
 ];
 
 /// Small parts, so the suite's containers over 64 KiB go through multipart uploads, and its
@@ -52,12 +52,12 @@ impl Harness for InMemory {
         storage.clone()
     }
 
-    fn not_applicable(&self) -> &[&'static str] {
+    fn not_applicable(&self) -> &[Case] {
         // Nothing outlives the process.
         &[
             NO_FILE_SYSTEM[0],
             NO_FILE_SYSTEM[1],
-            "process_crash_at_every_step",
+            Case::ProcessCrashAtEveryStep,
         ]
     }
 
@@ -183,7 +183,7 @@ impl Harness for ByUrl {
         Some(intercepted.with_options(*storage.options()))
     }
 
-    fn not_applicable(&self) -> &[&'static str] {
+    fn not_applicable(&self) -> &[Case] {
         &NO_FILE_SYSTEM
     }
 

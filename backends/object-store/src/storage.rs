@@ -1,0 +1,272 @@
+//! [`ObjectStorage`]: weightbay's storage contract over any `object_store` store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use weightbay::backend_kit::{validate_key, validate_prefix};
+use weightbay::{Capabilities, CreateOptions, Error, Listed, Result, Sink, Source, Storage};
+
+use crate::error::convert;
+use crate::options::{MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR};
+use crate::runtime::Bridge;
+use crate::sink::ObjectSink;
+use crate::source::ObjectSource;
+
+/// Containers as objects under a prefix of any `object_store` store.
+///
+/// # Create-new
+/// A container that fits in one part is published with a single conditional PUT
+/// (`If-None-Match: *` or its store's equivalent). A larger one cannot be: `object_store`
+/// sends no condition on completing a multipart upload. It is uploaded to a staging key under
+/// [`STAGING_DIR`] and then copied to its key with a conditional copy (`copy_if_not_exists`),
+/// which fails if anything is there; the staging object is then deleted. A crash in between
+/// leaves a staging object, never a partial container; [`Storage::clean_pending`] removes
+/// staging objects older than [`ObjectStoreOptions::stale_after`]. On S3 the conditional
+/// copy is a multipart copy of one part, so create-new of containers over 5 GiB is refused
+/// there.
+#[derive(Debug, Clone)]
+pub struct ObjectStorage {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+    bridge: Bridge,
+    options: ObjectStoreOptions,
+}
+
+impl ObjectStorage {
+    /// Objects of `store`, under no prefix, on a runtime owned by this storage.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the runtime cannot start.
+    pub fn new(store: Arc<dyn ObjectStore>) -> Result<Self> {
+        Ok(Self::with_bridge(store, Bridge::owned()?))
+    }
+
+    /// Objects of `store` on the given runtime bridge.
+    pub fn with_bridge(store: Arc<dyn ObjectStore>, bridge: Bridge) -> Self {
+        Self {
+            store,
+            prefix: Path::default(),
+            bridge,
+            options: ObjectStoreOptions::default(),
+        }
+    }
+
+    /// Keys live under `prefix` (a `/`-separated path).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a prefix `object_store` cannot express.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
+        self.prefix =
+            Path::parse(prefix).map_err(|e| Error::invalid("bad object prefix").with_source(e))?;
+        Ok(self)
+    }
+
+    /// Sets the tuning options.
+    #[must_use]
+    pub fn with_options(mut self, options: ObjectStoreOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The tuning options.
+    pub fn options(&self) -> &ObjectStoreOptions {
+        &self.options
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The prefix keys live under.
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    /// The object path of `key`.
+    fn path(&self, key: &str) -> Result<Path> {
+        validate_key(key)?;
+        if key.split('/').next() == Some(STAGING_DIR) {
+            return Err(
+                Error::invalid(format!("keys under `{STAGING_DIR}/` are reserved")).with_key(key),
+            );
+        }
+        Ok(key
+            .split('/')
+            .fold(self.prefix.clone(), |path, segment| path.join(segment)))
+    }
+
+    /// Opens `key` as an [`ObjectSource`], for [`ObjectSource::fetch`].
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`]; the store's error.
+    pub fn open_object(&self, key: &str) -> Result<ObjectSource> {
+        let path = self.path(key)?;
+        ObjectSource::open(
+            Arc::clone(&self.store),
+            path,
+            key.to_owned(),
+            self.bridge.clone(),
+            &self.options,
+        )
+    }
+
+    fn staging_prefix(&self) -> Path {
+        self.prefix.clone().join(STAGING_DIR)
+    }
+
+    /// Staging objects, with their age.
+    fn staged(&self) -> Result<Vec<(Path, Duration)>> {
+        let store = Arc::clone(&self.store);
+        let prefix = self.staging_prefix();
+        let listed = self
+            .bridge
+            .run(async move { store.list(Some(&prefix)).try_collect::<Vec<_>>().await })?;
+        let objects = listed.map_err(|e| convert("listing staged uploads", e))?;
+        let now = chrono_now();
+        Ok(objects
+            .into_iter()
+            .map(|meta| {
+                let age =
+                    now.saturating_sub(meta.last_modified.timestamp().try_into().unwrap_or(0));
+                (meta.location, Duration::from_secs(age))
+            })
+            .collect())
+    }
+
+    fn relative(&self, path: &Path) -> String {
+        path.prefix_match(&self.prefix)
+            .map(|parts| {
+                parts
+                    .map(|part| part.as_ref().to_owned())
+                    .collect::<Vec<_>>()
+                    .join("/")
+            })
+            .unwrap_or_else(|| path.to_string())
+    }
+}
+
+impl ObjectStorage {
+    /// Refuses a configured part size the store would refuse: S3 and GCS take no part under
+    /// [`MIN_PART_SIZE`] but the last; Azure, in-memory and local stores take any size.
+    fn check_part_size(&self) -> Result<()> {
+        let name = self.store.to_string();
+        let strict = name.starts_with("AmazonS3") || name.starts_with("GoogleCloudStorage");
+        if strict && self.options.part_size < MIN_PART_SIZE {
+            return Err(Error::invalid(format!(
+                "a part size of {} bytes is under the 5 MiB that {name} accepts for every part \
+                 but the last; set ObjectStoreOptions::part_size to at least MIN_PART_SIZE",
+                self.options.part_size
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Seconds since the Unix epoch.
+fn chrono_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Storage for ObjectStorage {
+    fn capabilities(&self) -> Capabilities {
+        let capabilities = Capabilities::NONE
+            .with_atomic_create_new()
+            .with_pending_listing()
+            .with_listing();
+        if self.options.durable {
+            capabilities.with_durable_commit()
+        } else {
+            capabilities
+        }
+    }
+
+    fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        let path = self.path(key)?;
+        self.capabilities().check(options)?;
+        self.check_part_size().map_err(|e| e.with_key(key))?;
+        Ok(Box::new(ObjectSink::new(
+            Arc::clone(&self.store),
+            self.staging_prefix(),
+            self.bridge.clone(),
+            self.options,
+            key,
+            path,
+            options,
+        )?))
+    }
+
+    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
+        Ok(Arc::new(self.open_object(key)?))
+    }
+
+    fn delete(&self, key: &str) -> Result<()> {
+        let path = self.path(key)?;
+        let store = Arc::clone(&self.store);
+        let result = self.bridge.run(async move {
+            // object_store's delete succeeds on a missing object on some stores: ask first.
+            store.head(&path).await?;
+            store.delete(&path).await
+        })?;
+        result.map_err(|e| convert("deleting the object", e).with_key(key))
+    }
+
+    fn pending(&self) -> Result<Vec<String>> {
+        Ok(self
+            .staged()?
+            .iter()
+            .map(|(path, _)| self.relative(path))
+            .collect())
+    }
+
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for (path, age) in self.staged()? {
+            if age >= self.options.stale_after {
+                let store = Arc::clone(&self.store);
+                let target = path.clone();
+                self.bridge
+                    .run(async move { store.delete(&target).await })?
+                    .map_err(|e| convert("removing a staged upload", e))?;
+                removed.push(self.relative(&path));
+            }
+        }
+        Ok(removed)
+    }
+
+    /// One LIST request per page of 1,000 objects (S3, GCS, Azure); staged create-new uploads
+    /// and unfinished multipart uploads are not objects and never appear.
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        validate_prefix(prefix)?;
+        let under = if prefix.is_empty() {
+            self.prefix.clone()
+        } else {
+            self.path(prefix)?
+        };
+        let store = Arc::clone(&self.store);
+        let listed = self.bridge.run(async move {
+            let under = (!under.as_ref().is_empty()).then_some(under);
+            store.list(under.as_ref()).try_collect::<Vec<_>>().await
+        })?;
+        let objects = listed.map_err(|e| convert("listing objects", e))?;
+        let mut found: Vec<Listed> = objects
+            .into_iter()
+            .filter_map(|meta| {
+                let key = self.relative(&meta.location);
+                let listed =
+                    key.split('/').next() != Some(STAGING_DIR) && validate_key(&key).is_ok();
+                listed.then_some(Listed {
+                    key,
+                    len: meta.size,
+                })
+            })
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+}

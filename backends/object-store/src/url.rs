@@ -1,0 +1,188 @@
+//! Opening a store from a URL (`s3://`, `gs://`, `az://`, `file://`, `memory://`), configured
+//! from the standard environment variables as `object_store` users configure it.
+
+use std::sync::Arc;
+
+use object_store::{ObjectStore, ObjectStoreScheme};
+use weightbay::{Error, ErrorKind, Result};
+
+use crate::error::convert;
+use crate::options::ObjectStoreOptions;
+use crate::storage::ObjectStorage;
+
+/// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
+/// `az://container/prefix` (and the https forms `object_store` recognises), `file:///dir`,
+/// `memory:///prefix`. Cloud stores start from their standard environment variables
+/// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then apply `options` (object_store configuration keys,
+/// such as `aws_endpoint`), exactly as `object_store` users configure them. Credentials are
+/// never logged or put in error messages.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`] for a URL that is not one of these, or a bad option.
+pub fn open_url<I, K, V>(url: &str, options: I) -> Result<ObjectStorage>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: Into<String>,
+{
+    open_url_with(url, options, Retry::default())
+}
+
+/// How cloud stores retry: object_store's policy when a cloud store is built in.
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+pub(crate) type Retry = object_store::RetryConfig;
+#[cfg(not(any(feature = "aws", feature = "gcp", feature = "azure")))]
+pub(crate) type Retry = ();
+
+/// [`open_url`] with an explicit retry policy for the cloud stores (object_store's default
+/// retries for up to three minutes; a command-line tool may want to give up sooner).
+///
+/// # Errors
+/// As [`open_url`].
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+pub fn open_url_with_retry<I, K, V>(
+    url: &str,
+    options: I,
+    retry: object_store::RetryConfig,
+) -> Result<ObjectStorage>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: Into<String>,
+{
+    open_url_with(url, options, retry)
+}
+
+pub(crate) fn open_url_with<I, K, V>(url: &str, options: I, retry: Retry) -> Result<ObjectStorage>
+where
+    I: IntoIterator<Item = (K, V)>,
+    K: AsRef<str>,
+    V: Into<String>,
+{
+    let bad = |message: String| Error::invalid(message);
+    let parsed = url::Url::parse(url).map_err(|e| bad(format!("`{url}` is not a URL: {e}")))?;
+    let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
+        .map_err(|e| bad(format!("`{url}` names no known object store: {e}")))?;
+    #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+    let configure =
+        |message: &str, e: object_store::Error| convert(message.to_owned(), e).with_key(url);
+    #[cfg(not(any(feature = "aws", feature = "gcp", feature = "azure")))]
+    let _ = (retry, options);
+    let mut durable = true;
+    // Whether the store runs on this machine, which changes how loads are split.
+    let local;
+    let store: Arc<dyn ObjectStore> = match scheme {
+        #[cfg(feature = "aws")]
+        ObjectStoreScheme::AmazonS3 => {
+            use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+            let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
+            for (key, value) in options {
+                let key: AmazonS3ConfigKey = key
+                    .as_ref()
+                    .parse()
+                    .map_err(|e| configure("bad S3 option", e))?;
+                builder = builder.with_config(key, value);
+            }
+            if builder
+                .get_config_value(&AmazonS3ConfigKey::CopyIfNotExists)
+                .is_none()
+            {
+                // Create-new of large containers needs a conditional copy.
+                builder = builder.with_config(AmazonS3ConfigKey::CopyIfNotExists, "multipart");
+            }
+            local = builder
+                .get_config_value(&AmazonS3ConfigKey::Endpoint)
+                .is_some_and(|endpoint| is_loopback(&endpoint));
+            Arc::new(
+                builder
+                    .build()
+                    .map_err(|e| configure("configuring S3", e))?,
+            )
+        }
+        #[cfg(feature = "gcp")]
+        ObjectStoreScheme::GoogleCloudStorage => {
+            use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+            let mut builder = GoogleCloudStorageBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry);
+            for (key, value) in options {
+                let key: GoogleConfigKey = key
+                    .as_ref()
+                    .parse()
+                    .map_err(|e| configure("bad GCS option", e))?;
+                builder = builder.with_config(key, value);
+            }
+            local = builder
+                .get_config_value(&GoogleConfigKey::BaseUrl)
+                .is_some_and(|endpoint| is_loopback(&endpoint));
+            Arc::new(
+                builder
+                    .build()
+                    .map_err(|e| configure("configuring GCS", e))?,
+            )
+        }
+        #[cfg(feature = "azure")]
+        ObjectStoreScheme::MicrosoftAzure => {
+            use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+            let mut builder = MicrosoftAzureBuilder::from_env()
+                .with_url(url)
+                .with_retry(retry);
+            for (key, value) in options {
+                let key: AzureConfigKey = key
+                    .as_ref()
+                    .parse()
+                    .map_err(|e| configure("bad Azure option", e))?;
+                builder = builder.with_config(key, value);
+            }
+            local = builder
+                .get_config_value(&AzureConfigKey::UseEmulator)
+                .is_some_and(|on| on == "true")
+                || builder
+                    .get_config_value(&AzureConfigKey::Endpoint)
+                    .is_some_and(|endpoint| is_loopback(&endpoint));
+            Arc::new(
+                builder
+                    .build()
+                    .map_err(|e| configure("configuring Azure", e))?,
+            )
+        }
+        ObjectStoreScheme::Local => {
+            (durable, local) = (false, true);
+            Arc::new(object_store::local::LocalFileSystem::new())
+        }
+        ObjectStoreScheme::Memory => {
+            (durable, local) = (false, true);
+            Arc::new(object_store::memory::InMemory::new())
+        }
+        other => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{other:?} stores are not supported (weightbay-object-store has the features \
+                     aws, gcp and azure for S3, GCS and Azure)"
+                ),
+            )
+            .with_key(url));
+        }
+    };
+    let defaults = ObjectStoreOptions::DEFAULT;
+    let options = defaults
+        .with_durable(durable)
+        .with_fetch_request_len(defaults.fetch_request_len.filter(|_| !local));
+    Ok(ObjectStorage::new(store)?
+        .with_prefix(prefix.as_ref())?
+        .with_options(options))
+}
+
+/// Whether `endpoint` (a URL) names this machine.
+fn is_loopback(endpoint: &str) -> bool {
+    match url::Url::parse(endpoint)
+        .ok()
+        .and_then(|url| url.host().map(|h| h.to_owned()))
+    {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}

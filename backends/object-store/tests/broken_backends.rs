@@ -1,0 +1,59 @@
+//! Object-store defects must fail the conformance suite, each in the case that covers it, with
+//! a message that names the case and the step: this backend over object_store's InMemory,
+//! behind a store wrapper with one defect.
+
+mod support;
+
+use std::sync::Arc;
+
+use support::SMALL_PARTS;
+use support::intercept::{Intercepted, StoreDefect};
+use weightbay_conformance::{Case, FaultPlan, Harness, failure_of};
+use weightbay_object_store::ObjectStorage;
+
+/// The backend over object_store's InMemory, behind a store with one defect.
+struct DefectiveStore(StoreDefect);
+
+impl Harness for DefectiveStore {
+    type Storage = ObjectStorage;
+    fn fresh(&self) -> ObjectStorage {
+        let store = Intercepted::new(
+            Arc::new(object_store::memory::InMemory::new()),
+            FaultPlan::counting(),
+            Some(self.0),
+        );
+        ObjectStorage::new(Arc::new(store))
+            .expect("a runtime")
+            .with_options(SMALL_PARTS)
+    }
+    fn reopen(&self, storage: &ObjectStorage) -> ObjectStorage {
+        storage.clone()
+    }
+}
+
+#[test]
+fn completing_a_multipart_upload_without_a_part_fails_the_roundtrip_case() {
+    let message = failure_of(
+        &DefectiveStore(StoreDefect::DropsSecondPart),
+        Case::RoundtripMatchesWriter,
+        "roundtrip_matches_writer",
+    );
+    assert!(
+        message.contains("`roundtrip_matches_writer` failed"),
+        "{message}"
+    );
+    assert!(message.contains("came back different"), "{message}");
+}
+
+#[test]
+fn ignoring_the_pinned_version_fails_the_readers_case() {
+    let message = failure_of(
+        &DefectiveStore(StoreDefect::IgnoresPinnedVersion),
+        Case::ReadersKeepTheirVersion,
+        "readers_keep_their_version",
+    );
+    assert!(
+        message.contains("read the tail of another version after the overwrite committed"),
+        "{message}"
+    );
+}

@@ -1,0 +1,233 @@
+//! Crashes: power lost after each file-system operation on a disk that keeps written and
+//! durable bytes apart, and a writer process killed at each step. Afterwards the key holds
+//! the old or the new container, never a mix, and what the dead writer left is cleaned.
+
+use std::sync::Arc;
+
+use weightbay::backend_kit::FileSystem;
+use weightbay::{Durability, Storage, WriteMode};
+
+use crate::strategies::{ContainerSpec, sample};
+use crate::support::{
+    KEY, NO_FILE_SYSTEM, Outcome, assert_nothing_pending, assert_old_or_new, fail, key_for,
+    several_parts,
+};
+use crate::{FaultPlan, Faulty, Harness, SimulatedDisk};
+
+/// Loses power after each file-system operation of a durable overwrite and of a durable
+/// create-new, on a simulated disk that keeps written and durable bytes apart: every crash
+/// image holds the old or the new container (or nothing, for create-new), and once `commit`
+/// has returned, the new one.
+pub fn power_loss_at_every_operation<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let over = |disk: &SimulatedDisk| {
+        harness.over_file_system(Arc::new(disk.clone()) as Arc<dyn FileSystem>)
+    };
+    if over(&SimulatedDisk::new()).is_none() {
+        return Outcome::NotApplicable(NO_FILE_SYSTEM.into());
+    }
+    let old = sample(&[3000, 100], 1);
+    let new = sample(&[20_000, 300, 9000], 2);
+    for mode in [WriteMode::Overwrite, WriteMode::CreateNew] {
+        let key = key_for(mode);
+        let write = |storage: &H::Storage, spec: &ContainerSpec| {
+            spec.writer()
+                .with_mode(mode)
+                .with_durability(Durability::Durable)
+                .write_to(storage, key)
+                .map(|_| ())
+        };
+        let setup = || {
+            let disk = SimulatedDisk::new();
+            let storage =
+                over(&disk).unwrap_or_else(|| fail!(case, "over_file_system stopped answering"));
+            old.writer()
+                .with_durability(Durability::Durable)
+                .write_to(&storage, KEY)
+                .unwrap_or_else(|e| fail!(case, "write old: {e}"));
+            (disk, storage)
+        };
+        let (disk, storage) = setup();
+        let before = disk.operations();
+        write(&storage, &new)
+            .unwrap_or_else(|e| fail!(case, "{mode:?} write without a crash: {e}"));
+        let total = disk.operations() - before;
+        for n in 0..=total {
+            let (disk, storage) = setup();
+            disk.crash_after(n);
+            let committed = write(&storage, &new).is_ok();
+            let image = disk.crash_image();
+            let rebooted =
+                over(&image).unwrap_or_else(|| fail!(case, "over_file_system stopped answering"));
+            let context = format!("{mode:?}: power lost after operation {n} of {total}");
+            assert_old_or_new(
+                case,
+                &context,
+                &rebooted,
+                mode,
+                &old,
+                &new,
+                committed.then_some("after commit returned"),
+            );
+        }
+    }
+    Outcome::Checked
+}
+
+/// The name libtest gives the test `case` generated in module `module_path` (the crate name
+/// dropped).
+pub fn test_path(module_path: &str, case: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, rest)) => format!("{rest}::{case}"),
+        None => case.to_string(),
+    }
+}
+
+/// Set in the child process the crash case spawns: what to write and where to die.
+const CHILD_ENV: &str = "WEIGHTBAY_CONFORMANCE_CRASH_CHILD";
+
+/// Where the crash case's child dies: between the backend's own inner operations (file-system
+/// calls, store requests) when the harness can apply faults there, else between storage
+/// operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KillLayer {
+    Inner,
+    Storage,
+}
+
+/// Reopens `locator` in this process with `plan` applied at `layer`.
+fn reopen_with_plan<H: Harness>(
+    harness: &H,
+    locator: &str,
+    layer: KillLayer,
+    plan: FaultPlan,
+) -> Option<Box<dyn Storage>> {
+    match layer {
+        KillLayer::Inner => harness
+            .reopen_at_with_faults(locator, plan)
+            .map(|s| Box::new(s) as Box<dyn Storage>),
+        KillLayer::Storage => harness
+            .reopen_at(locator)
+            .map(|s| Box::new(Faulty::new(s, plan)) as Box<dyn Storage>),
+    }
+}
+
+/// A child process overwrites the old container with the new one (and, where create-new is
+/// declared, creates the new one at a free key) and is SIGKILLed after each operation in turn:
+/// each of the backend's inner operations where the harness offers
+/// [`Harness::reopen_at_with_faults`], else each storage operation. The key then holds the old
+/// or the new container (nothing or the new one, for create-new), and
+/// [`Storage::clean_pending`] removes what the dead writer left.
+///
+/// `case` must be the name of the test running the case: the child re-runs that test.
+pub fn process_crash_at_every_step<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let new = several_parts(harness, 2);
+    let old = sample(&[3000, 100], 1);
+    let write = |storage: &dyn Storage, mode: WriteMode| {
+        let key = key_for(mode);
+        new.writer()
+            .with_mode(mode)
+            .write_to(storage, key)
+            .map(|_| ())
+    };
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        // In the child: write, and die at the chosen operation.
+        let mut parts = spec.splitn(4, ':');
+        let (Some(layer), Some(mode), Some(kill_at), Some(locator)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            fail!(case, "bad child spec {spec}")
+        };
+        let layer = if layer == "inner" {
+            KillLayer::Inner
+        } else {
+            KillLayer::Storage
+        };
+        let mode = if mode == "create-new" {
+            WriteMode::CreateNew
+        } else {
+            WriteMode::Overwrite
+        };
+        let kill_at: u64 = kill_at
+            .parse()
+            .unwrap_or_else(|_| fail!(case, "bad crash point {kill_at}"));
+        let storage = reopen_with_plan(harness, locator, layer, FaultPlan::killing_at(kill_at))
+            .unwrap_or_else(|| fail!(case, "child cannot reopen {locator}"));
+        let _ = write(&*storage, mode);
+        std::process::exit(0);
+    }
+    let Some(locator) = harness.locator(&harness.fresh()) else {
+        return Outcome::NotApplicable("the storage does not outlive its process".into());
+    };
+    let layer = if harness
+        .reopen_at_with_faults(&locator, FaultPlan::counting())
+        .is_some()
+    {
+        KillLayer::Inner
+    } else {
+        KillLayer::Storage
+    };
+    let mut modes = vec![WriteMode::Overwrite];
+    if harness.fresh().capabilities().atomic_create_new {
+        modes.push(WriteMode::CreateNew);
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail!(case, "current_exe: {e}"));
+    for mode in modes {
+        // A fresh storage holding the old container, and where to reopen it.
+        let setup = || {
+            let storage = harness.fresh();
+            let locator = harness
+                .locator(&storage)
+                .unwrap_or_else(|| fail!(case, "the harness stopped giving locators"));
+            old.writer()
+                .write_to(&storage, KEY)
+                .unwrap_or_else(|e| fail!(case, "write old: {e}"));
+            locator
+        };
+        let plan = FaultPlan::counting();
+        let counting = reopen_with_plan(harness, &setup(), layer, plan.clone())
+            .unwrap_or_else(|| fail!(case, "cannot reopen {locator}"));
+        write(&*counting, mode).unwrap_or_else(|e| fail!(case, "{mode:?} workload: {e}"));
+        let total = plan.operations();
+        for n in 1..=total {
+            let locator = setup();
+            let status = std::process::Command::new(&exe)
+                .args([case, "--exact", "--nocapture", "--test-threads=1"])
+                .env(
+                    CHILD_ENV,
+                    format!(
+                        "{}:{}:{n}:{locator}",
+                        if layer == KillLayer::Inner {
+                            "inner"
+                        } else {
+                            "storage"
+                        },
+                        if mode == WriteMode::CreateNew {
+                            "create-new"
+                        } else {
+                            "overwrite"
+                        }
+                    ),
+                )
+                .stdout(std::process::Stdio::null())
+                .status()
+                .unwrap_or_else(|e| fail!(case, "spawning the child: {e}"));
+            let context = format!(
+                "{mode:?}: writer killed after {layer:?} operation {n} of {total} (child status {status})"
+            );
+            if status.success() {
+                fail!(case, "{context}: the child was not killed");
+            }
+            let reopened = harness
+                .reopen_at(&locator)
+                .unwrap_or_else(|| fail!(case, "cannot reopen {locator}"));
+            assert_old_or_new(case, &context, &reopened, mode, &old, &new, None);
+            if reopened.capabilities().pending_listing {
+                reopened
+                    .clean_pending()
+                    .unwrap_or_else(|e| fail!(case, "{context}: clean_pending: {e}"));
+                assert_nothing_pending(case, &format!("{context}, after clean_pending"), &reopened);
+            }
+        }
+    }
+    Outcome::Checked
+}

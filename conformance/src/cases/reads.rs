@@ -1,0 +1,240 @@
+//! Reading: sources that keep the version they opened while writers overwrite, batched reads
+//! that agree with single ones, and hostile containers that fail cleanly.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+use weightbay::{CreateOptions, ErrorKind, Reader, Storage};
+
+use crate::Harness;
+use crate::strategies::sample;
+use crate::support::{KEY, Outcome, fail, run_property, several_parts};
+
+/// A source opened before an overwrite keeps reading the old container, or fails with
+/// [`ErrorKind::Changed`], never the new bytes: checked on a read past what the backend may
+/// have fetched at open, after the overwrite has committed. Readers racing a writer open the key
+/// every time (it exists throughout) and see one whole version each time, or `Changed`.
+pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let storage = harness.fresh();
+    // Over 64 KiB before the last tensor: an object store that serves the first bytes from the
+    // request that opened the object must fetch the tail after the overwrite.
+    let version = |v: usize, fill: u8| sample(&[100_000 + v * 5000, 3000, 60_000], fill);
+    let mut versions: Vec<Vec<u8>> = (0..4).map(|v| version(v, v as u8).bytes()).collect();
+    versions.push(version(0, 9).bytes());
+    let old = &versions[0];
+    version(0, 0)
+        .writer()
+        .write_to(&storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "write: {e}"));
+    let source = storage
+        .open(KEY)
+        .unwrap_or_else(|e| fail!(case, "open: {e}"));
+    // The same length with other bytes, so a store that ignores the pinned version returns a
+    // full range of the wrong bytes.
+    version(0, 9)
+        .writer()
+        .write_to(&storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "overwrite: {e}"));
+    if source.len() != old.len() as u64 {
+        fail!(
+            case,
+            "a source opened before an overwrite changed its length to {}",
+            source.len()
+        );
+    }
+    let tail = old.len() - 60_000;
+    let mut buf = vec![0; 60_000];
+    match source.read_at(tail as u64, &mut buf) {
+        Ok(()) if buf == old[tail..] => {}
+        Ok(()) => fail!(
+            case,
+            "a source opened before an overwrite read the tail of another version after the overwrite committed"
+        ),
+        Err(e) if e.kind() == ErrorKind::Changed => {}
+        Err(e) => fail!(
+            case,
+            "a source opened before an overwrite failed with {:?} instead of Changed: {e}",
+            e.kind()
+        ),
+    }
+    let writing = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            for round in 0..20 {
+                let v = round % 4;
+                version(v, v as u8)
+                    .writer()
+                    .write_to(&storage, KEY)
+                    .unwrap_or_else(|e| fail!(case, "writer: {e}"));
+            }
+            writing.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                let mut reads = 0;
+                while reads < 40 || writing.load(std::sync::atomic::Ordering::SeqCst) {
+                    reads += 1;
+                    let source = storage.open(KEY).unwrap_or_else(|e| {
+                        fail!(
+                            case,
+                            "opening a key that exists throughout an overwrite failed with {:?}: {e}",
+                            e.kind()
+                        )
+                    });
+                    let mut bytes = vec![0; usize::try_from(source.len()).unwrap_or(0)];
+                    match source.read_at(0, &mut bytes) {
+                        Ok(()) if versions.contains(&bytes) => {}
+                        Ok(()) => fail!(
+                            case,
+                            "a reader racing the writer saw {} bytes of no single version",
+                            bytes.len()
+                        ),
+                        Err(e) if e.kind() == ErrorKind::Changed => {}
+                        Err(e) => fail!(
+                            case,
+                            "a reader racing the writer failed with {:?} instead of Changed: {e}",
+                            e.kind()
+                        ),
+                    }
+                }
+                })
+            })
+            .collect();
+        // A failing thread's own message, not "a scoped thread panicked".
+        for thread in std::iter::once(writer).chain(readers) {
+            if let Err(panic) = thread.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    Outcome::Checked
+}
+
+/// [`Source::fetch`](weightbay::Source::fetch) of random range lists (unordered, overlapping,
+/// repeated, empty, spanning several parts) gives exactly what `read_at` gives for each range,
+/// in the order asked; a list with one range past the end fails whole with `OutOfRange`.
+pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let storage = harness.fresh();
+    let spec = several_parts(harness, 7);
+    spec.writer()
+        .write_to(&storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "write: {e}"));
+    let source = storage
+        .open(KEY)
+        .unwrap_or_else(|e| fail!(case, "open: {e}"));
+    let len = source.len();
+    let ranges = proptest::collection::vec((0..=len, 0u64..200_000), 0..12).prop_map(move |v| {
+        v.into_iter()
+            .map(|(start, span)| start..start.saturating_add(span).min(len))
+            .collect::<Vec<_>>()
+    });
+    run_property(case, ranges, |ranges| {
+        let fetched = source
+            .fetch(&ranges)
+            .map_err(|e| TestCaseError::fail(format!("fetch: {e}")))?;
+        prop_assert_eq!(fetched.len(), ranges.len(), "one result per range");
+        for (range, bytes) in ranges.iter().zip(&fetched) {
+            let mut single = vec![0; (range.end - range.start) as usize];
+            source
+                .read_at(range.start, &mut single)
+                .map_err(|e| TestCaseError::fail(format!("read_at: {e}")))?;
+            let batched = bytes
+                .to_vec()
+                .map_err(|e| TestCaseError::fail(format!("reading fetched bytes: {e}")))?;
+            prop_assert!(batched == single, "fetch of {range:?} differs from read_at");
+        }
+        Ok(())
+    });
+    let past_end = [0..10, len - 1..len + 1, 5..6];
+    match source.fetch(&past_end) {
+        Err(e) if e.kind() == ErrorKind::OutOfRange => {}
+        other => fail!(
+            case,
+            "a range past the end: expected OutOfRange, got {:?}",
+            other.map(|v| v.len()).map_err(|e| e.kind())
+        ),
+    }
+    Outcome::Checked
+}
+
+/// Truncated, bit-flipped and hostile containers stored in the backend give typed errors on
+/// open, read and verify, never a panic; a flipped tensor byte fails verify naming the tensor.
+pub fn corrupt_containers_fail_cleanly<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let storage = harness.fresh();
+    let good = sample(&[4000, 3000, 17], 9).bytes();
+    // Where each tensor's bytes lie in the container, to know which one a flip damaged.
+    let layout: Vec<(String, std::ops::Range<u64>)> = {
+        let reader = Reader::from_bytes(good.clone())
+            .unwrap_or_else(|e| fail!(case, "the good container does not open: {e}"));
+        reader
+            .tensors()
+            .iter()
+            .map(|t| (t.name().to_owned(), t.range()))
+            .collect()
+    };
+    // (what, bytes, the tensor whose data the damage lies in)
+    let mut inputs: Vec<(String, Vec<u8>, Option<&str>)> = Vec::new();
+    for cut in [0, 5, 10, 11, 100, 255, 256, good.len() / 2, good.len() - 1] {
+        inputs.push((format!("truncated to {cut}"), good[..cut].to_vec(), None));
+    }
+    for at in (0..good.len()).step_by(97) {
+        let mut flipped = good.clone();
+        flipped[at] ^= 0x40;
+        let damaged = layout
+            .iter()
+            .find(|(_, range)| range.contains(&(at as u64)))
+            .map(|(name, _)| name.as_str());
+        inputs.push((format!("byte {at} flipped"), flipped, damaged));
+    }
+    let mut huge_claim = good[..10].to_vec();
+    huge_claim[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+    inputs.push(("metadata length u32::MAX".into(), huge_claim, None));
+    inputs.push(("all zeros".into(), vec![0; 4096], None));
+    inputs.push(("all ones".into(), vec![0xff; 4096], None));
+    for (what, bytes, damaged) in inputs {
+        let mut sink = storage
+            .create(KEY, &CreateOptions::default())
+            .unwrap_or_else(|e| fail!(case, "create: {e}"));
+        sink.write(&bytes)
+            .unwrap_or_else(|e| fail!(case, "write: {e}"));
+        sink.commit().unwrap_or_else(|e| fail!(case, "commit: {e}"));
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let reader = Reader::open(storage.open(KEY)?)?;
+            for info in reader.tensors() {
+                reader.read(info.name())?;
+            }
+            reader.verify().map(|_| ())
+        }));
+        match outcome {
+            Err(_) => fail!(case, "{what}: the reader panicked"),
+            Ok(Ok(())) => {
+                // A flip inside padding or the trailer's own bytes can still verify only if
+                // it changed nothing checked; everything is checked, so this is a miss.
+                fail!(
+                    case,
+                    "{what}: a corrupted container opened, read and verified"
+                );
+            }
+            Ok(Err(e)) if !matches!(e.kind(), ErrorKind::Corrupt | ErrorKind::LimitExceeded) => {
+                fail!(
+                    case,
+                    "{what}: expected Corrupt or LimitExceeded, got {:?}: {e}",
+                    e.kind()
+                )
+            }
+            Ok(Err(e)) => {
+                if let Some(tensor) = damaged
+                    && e.tensor() != Some(tensor)
+                {
+                    fail!(
+                        case,
+                        "{what}: the error does not name `{tensor}`, whose bytes were damaged: {e}"
+                    );
+                }
+            }
+        }
+    }
+    Outcome::Checked
+}

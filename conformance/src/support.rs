@@ -1,0 +1,255 @@
+//! What every case shares: the outcome it reports, failing with a message that names the
+//! test, the seeded property runner, and the assertions on what a storage holds.
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+use weightbay::{ErrorKind, Reader, Storage, WriteMode};
+
+use crate::Harness;
+use crate::strategies::{ContainerSpec, sample};
+
+/// Fails the running case with a message naming it.
+macro_rules! fail {
+    ($case:expr, $($arg:tt)*) => {
+        panic!("conformance case `{}` failed: {}", $case, format!($($arg)*))
+    };
+}
+pub(crate) use fail;
+
+/// What a case found, when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome {
+    /// Everything the case covers was checked and held.
+    Checked,
+    /// The case cannot run on this backend, for the reason given (no simulated file system,
+    /// nothing that outlives the process). [`verdict`](crate::verdict) fails it unless the
+    /// harness declares it in [`Harness::not_applicable`].
+    NotApplicable(String),
+}
+
+/// Property cases per run: `WEIGHTBAY_CASES`, default 32.
+pub fn property_cases() -> u32 {
+    std::env::var("WEIGHTBAY_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32)
+}
+
+/// Runs a property with a reproducible seed: `WEIGHTBAY_SEED` (hex) when set, else a fresh
+/// one, printed on failure.
+pub(crate) fn run_property<S: Strategy>(
+    case: &str,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) where
+    S::Value: std::fmt::Debug,
+{
+    let seed: [u8; 32] = match std::env::var("WEIGHTBAY_SEED") {
+        Ok(hex) => {
+            parse_seed(&hex).unwrap_or_else(|| fail!(case, "WEIGHTBAY_SEED must be 64 hex digits"))
+        }
+        Err(_) => {
+            // A fresh seed from the standard library's per-process random hasher keys.
+            let mut seed = [0u8; 32];
+            for chunk in seed.chunks_mut(8) {
+                let random = std::hash::BuildHasher::hash_one(
+                    &std::collections::hash_map::RandomState::new(),
+                    0u8,
+                );
+                chunk.copy_from_slice(&random.to_le_bytes());
+            }
+            seed
+        }
+    };
+    let config = Config {
+        cases: property_cases(),
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
+    if let Err(error) = runner.run(&strategy, test) {
+        let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
+        match error {
+            TestError::Fail(reason, input) => {
+                fail!(
+                    case,
+                    "{reason}\nminimal input: {input:#?}\nreplay with WEIGHTBAY_SEED={hex}"
+                )
+            }
+            TestError::Abort(reason) => fail!(case, "aborted: {reason} (WEIGHTBAY_SEED={hex})"),
+        }
+    }
+}
+
+pub(crate) fn parse_seed(hex: &str) -> Option<[u8; 32]> {
+    let mut seed = [0u8; 32];
+    if hex.len() != 64 {
+        return None;
+    }
+    for (i, byte) in seed.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(seed)
+}
+
+/// Every byte stored at `key`, or the error of opening or reading it.
+pub(crate) fn stored(storage: &dyn Storage, key: &str) -> weightbay::Result<Vec<u8>> {
+    let source = storage.open(key)?;
+    let len = usize::try_from(source.len()).map_err(|_| weightbay::Error::invalid("too large"))?;
+    let mut out = vec![0; len];
+    source.read_at(0, &mut out)?;
+    Ok(out)
+}
+
+/// Asserts `key` holds exactly one of `allowed` (or is absent when `None` is allowed), and that
+/// a stored container opens and verifies.
+pub(crate) fn assert_holds_one_of(
+    case: &str,
+    context: &str,
+    storage: &dyn Storage,
+    key: &str,
+    allowed: &[Option<&[u8]>],
+) {
+    let held = stored(storage, key);
+    assert_listing_agrees(
+        case,
+        context,
+        storage,
+        key,
+        held.as_ref().ok().map(Vec::len),
+    );
+    match held {
+        Ok(bytes) => {
+            if !allowed.iter().flatten().any(|a| *a == bytes.as_slice()) {
+                fail!(
+                    case,
+                    "{context}: `{key}` holds {} bytes that are neither the old nor the new container",
+                    bytes.len()
+                );
+            }
+            let reader = Reader::from_bytes(bytes)
+                .unwrap_or_else(|e| fail!(case, "{context}: stored container does not open: {e}"));
+            if let Err(e) = reader.verify() {
+                fail!(case, "{context}: stored container does not verify: {e}");
+            }
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            if !allowed.contains(&None) {
+                fail!(
+                    case,
+                    "{context}: `{key}` is missing but should hold a container"
+                );
+            }
+        }
+        Err(e) => fail!(case, "{context}: reading `{key}` failed: {e}"),
+    }
+}
+
+/// Where the backend lists: `key` is listed exactly when it holds a container (of `held`
+/// bytes), and everything listed opens with the listed length: a scratch file, staged upload
+/// or half-written container never shows.
+pub(crate) fn assert_listing_agrees(
+    case: &str,
+    context: &str,
+    storage: &dyn Storage,
+    key: &str,
+    held: Option<usize>,
+) {
+    if !storage.capabilities().listing {
+        return;
+    }
+    let listed = storage
+        .list("")
+        .unwrap_or_else(|e| fail!(case, "{context}: list failed: {e}"));
+    let listed_len = listed.iter().find(|l| l.key == key).map(|l| l.len);
+    if listed_len != held.map(|len| len as u64) {
+        fail!(
+            case,
+            "{context}: `{key}` holds {held:?} bytes but the listing says {listed_len:?}: {listed:?}"
+        );
+    }
+    for entry in &listed {
+        match storage.open(&entry.key) {
+            Ok(source) if source.len() == entry.len => {}
+            Ok(source) => fail!(
+                case,
+                "{context}: `{}` is listed with {} bytes but opens with {}",
+                entry.key,
+                entry.len,
+                source.len()
+            ),
+            Err(e) => fail!(
+                case,
+                "{context}: `{}` is listed but does not open: {e}",
+                entry.key
+            ),
+        }
+    }
+}
+
+pub(crate) fn assert_nothing_pending(case: &str, context: &str, storage: &dyn Storage) {
+    if storage.capabilities().pending_listing {
+        match storage.pending() {
+            Ok(pending) if pending.is_empty() => {}
+            Ok(pending) => fail!(
+                case,
+                "{context}: unfinished writes left behind: {pending:?}"
+            ),
+            Err(e) => fail!(case, "{context}: pending() failed: {e}"),
+        }
+    }
+}
+
+/// The key most cases write.
+pub(crate) const KEY: &str = "checkpoints/model.bpk";
+
+/// The key an interrupted-write case writes in `mode`: [`KEY`], which holds the old container,
+/// to overwrite; a free key to create new.
+pub(crate) fn key_for(mode: WriteMode) -> &'static str {
+    if mode == WriteMode::CreateNew {
+        "fresh.bpk"
+    } else {
+        KEY
+    }
+}
+
+/// After a write in `mode` of `new` over `old` was interrupted: the key holds the new container
+/// when the write reported success (`succeeded` names when), else the old one (nothing, for
+/// create-new) or the new one; complete and verifying either way.
+pub(crate) fn assert_old_or_new(
+    case: &str,
+    context: &str,
+    storage: &dyn Storage,
+    mode: WriteMode,
+    old: &ContainerSpec,
+    new: &ContainerSpec,
+    succeeded: Option<&str>,
+) {
+    let new = new.bytes();
+    if let Some(when) = succeeded {
+        let context = format!("{context}, {when}");
+        assert_holds_one_of(case, &context, storage, key_for(mode), &[Some(&new)]);
+        return;
+    }
+    let old = (mode != WriteMode::CreateNew).then(|| old.bytes());
+    assert_holds_one_of(
+        case,
+        context,
+        storage,
+        key_for(mode),
+        &[old.as_deref(), Some(&new)],
+    );
+}
+
+/// Why the file-system cases cannot run on a backend.
+pub(crate) const NO_FILE_SYSTEM: &str =
+    "the backend does not do its I/O through weightbay::backend_kit::FileSystem";
+
+/// A container the backend writes as several pieces ([`Harness::several_parts_len`]), its
+/// bytes set by `fill`.
+pub(crate) fn several_parts<H: Harness>(harness: &H, fill: u8) -> ContainerSpec {
+    let half = harness.several_parts_len() / 2 + 1;
+    sample(&[half, 5, half], fill)
+}
