@@ -19,6 +19,11 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo doc (libraries; broken intra-doc links and every rustdoc warning are errors)"
+# --lib: the CLI's binary is named `weightbay` like core's library, and their docs would
+# overwrite each other (cargo issue 6313).
+RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --lib --locked
+
 step "starting the local S3 and GCS servers"
 trap 'scripts/servers.sh stop-all >&2 || true' EXIT
 for server in s3 gcs; do

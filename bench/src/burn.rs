@@ -46,7 +46,7 @@ fn burn_error(e: impl std::fmt::Display) -> Error {
 
 /// In a fresh process (`--rss-case burn` or `burn-peer`): the peak RSS a durable save of the
 /// 1 GiB module adds above the module itself, through weightbay-burn or burn's file store.
-pub fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
+pub(crate) fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
     let model = layers(&Default::default());
     // Parameters initialise lazily: make them resident first, so the save is measured alone.
     touch(&model);
@@ -64,7 +64,7 @@ pub fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
     Ok(crate::rss("VmHWM:").saturating_sub(before))
 }
 
-pub fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
+pub(crate) fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
     let device = Default::default();
     let model = layers(&device);
     let bytes = 16 * 4096 * 4096 * 4;

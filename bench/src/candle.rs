@@ -19,7 +19,7 @@ fn candle_error(e: candle_core::Error) -> weightbay::Error {
 /// In a fresh process (`--rss-case candle-s3`): `tensors` saved to the S3 server as
 /// safetensors, then every one loaded into a candle tensor through weightbay-candle from
 /// `s3://` and dropped; returns the peak RSS the load added.
-pub fn s3_load_rss(tensors: Vec<weightbay::Tensor>) -> Result<u64> {
+pub(crate) fn s3_load_rss(tensors: Vec<weightbay::Tensor>) -> Result<u64> {
     let url = std::env::var("WEIGHTBAY_S3_URL")
         .map_err(|_| weightbay::Error::invalid("WEIGHTBAY_S3_URL is unset"))?;
     let storage = weightbay_object_store::open_url(
@@ -45,7 +45,7 @@ pub fn s3_load_rss(tensors: Vec<weightbay::Tensor>) -> Result<u64> {
     Ok(crate::rss("VmHWM:").saturating_sub(before))
 }
 
-pub fn candle_cases(b: &mut Bench<'_>) -> Result<()> {
+pub(crate) fn candle_cases(b: &mut Bench<'_>) -> Result<()> {
     let file = "candle.safetensors";
     Writer::new(b.big.ours())
         .with_format(Format::Safetensors)

@@ -17,7 +17,7 @@ use crate::{Bench, Row, Start, io, median, paired, print_runs, timed};
 /// The goal for `latest()` over 1,000 checkpoints on the local backend.
 const LATEST_GOAL: Duration = Duration::from_millis(50);
 
-pub fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
+pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
     let dir = b.dir.join("lifecycle");
     std::fs::create_dir_all(&dir).map_err(io("creating the lifecycle directory"))?;
     let storage: Arc<dyn weightbay::Storage> = Arc::new(LocalStorage::new(&dir));

@@ -1148,7 +1148,7 @@ mod peers {
 
     /// burn-pack's atomic, durable save of the same data (buffers copied in before timing
     /// would be fairer, but burn's `Bytes` takes ownership; the copy is a memcpy).
-    pub fn burn_pack_save(data: &Data, path: &Path) -> Result<()> {
+    pub(crate) fn burn_pack_save(data: &Data, path: &Path) -> Result<()> {
         let tensors = data
             .tensors
             .iter()
@@ -1171,7 +1171,7 @@ mod peers {
     }
 
     /// safetensors' `serialize_to_file`, then the fsyncs it leaves to its caller.
-    pub fn safetensors_save(data: &Data, path: &Path) -> Result<()> {
+    pub(crate) fn safetensors_save(data: &Data, path: &Path) -> Result<()> {
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
             .tensors
             .iter()
@@ -1194,7 +1194,7 @@ mod peers {
     }
 
     /// memmap2 + `SafeTensors::deserialize` + touch every tensor.
-    pub fn safetensors_mmap_touch(path: &Path) -> Result<()> {
+    pub(crate) fn safetensors_mmap_touch(path: &Path) -> Result<()> {
         let file = std::fs::File::open(path).map_err(io("opening"))?;
         // SAFETY: the benchmark's own file, not modified while mapped.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io("mapping"))?;

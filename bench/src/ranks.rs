@@ -221,7 +221,7 @@ impl MultipartUpload for CountedUpload {
     }
 }
 
-pub fn ranks_cases(b: &mut Bench<'_>) -> Result<()> {
+pub(crate) fn ranks_cases(b: &mut Bench<'_>) -> Result<()> {
     if b.args.wants("rank commit") {
         println!(
             "  rank commit: simulated ranks over InMemory, {LATENCY:?} per request and per listing page of {PAGE}"

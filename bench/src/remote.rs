@@ -18,9 +18,9 @@ use crate::throttled::Throttled;
 use crate::{Bench, Row, median, print_runs, timed};
 
 /// A cloud store's shape: time to first byte.
-pub const LATENCY: Duration = Duration::from_millis(20);
+pub(crate) const LATENCY: Duration = Duration::from_millis(20);
 /// A cloud store's shape: what one connection carries.
-pub const CONNECTION_BYTES_PER_SECOND: f64 = 100.0 * (1 << 20) as f64;
+pub(crate) const CONNECTION_BYTES_PER_SECOND: f64 = 100.0 * (1 << 20) as f64;
 /// How much of the checkpoint each point of the curve loads.
 const CURVE_BYTES: u64 = 512 << 20;
 
@@ -45,7 +45,7 @@ fn throttled_storage(
 }
 
 /// The object the cases read: the big checkpoint, written once through the backend.
-pub fn store_with(tensors: Vec<weightbay::Tensor>) -> Result<Arc<dyn ObjectStore>> {
+pub(crate) fn store_with(tensors: Vec<weightbay::Tensor>) -> Result<Arc<dyn ObjectStore>> {
     let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     Writer::new(tensors).write_to(&ObjectStorage::new(Arc::clone(&inner))?, "big.bpk")?;
     Ok(inner)
@@ -85,7 +85,7 @@ fn against_limit(
     Ok(())
 }
 
-pub fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
+pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
     let inner = store_with(b.big.ours())?;
     if b.args.wants("remote curve") {
         let (storage, _) = throttled_storage(&inner, ObjectStoreOptions::DEFAULT)?;
@@ -166,7 +166,7 @@ pub fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
 
 /// In a fresh process (`--rss-case remote-copy`): the copy above, from a store filled first,
 /// printing the peak RSS the copy added above the filled store.
-pub fn copy_rss(tensors: Vec<weightbay::Tensor>, dir: &std::path::Path) -> Result<u64> {
+pub(crate) fn copy_rss(tensors: Vec<weightbay::Tensor>, dir: &std::path::Path) -> Result<u64> {
     let inner = store_with(tensors)?;
     let (storage, _) = throttled_storage(&inner, ObjectStoreOptions::DEFAULT)?;
     // Resets the peak to the current resident set (Linux), so the peak read after the copy is

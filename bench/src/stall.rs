@@ -90,7 +90,7 @@ fn longest_pause(url: &str, borrowed: bool) -> Result<Duration> {
     })
 }
 
-pub fn async_stall(b: &mut Bench<'_>) -> Result<()> {
+pub(crate) fn async_stall(b: &mut Bench<'_>) -> Result<()> {
     let mut stores = vec![(
         format!("file://{}", b.dir.display()),
         "object_store local files",

@@ -20,7 +20,7 @@ use object_store::{
 
 /// `inner` behind a network of `latency` to first byte and `bytes_per_second` per connection.
 #[derive(Debug)]
-pub struct Throttled {
+pub(crate) struct Throttled {
     inner: Arc<dyn ObjectStore>,
     latency: Duration,
     bytes_per_second: f64,
@@ -55,7 +55,11 @@ impl Drop for Open {
 const FRAME: usize = 1 << 20;
 
 impl Throttled {
-    pub fn new(inner: Arc<dyn ObjectStore>, latency: Duration, bytes_per_second: f64) -> Self {
+    pub(crate) fn new(
+        inner: Arc<dyn ObjectStore>,
+        latency: Duration,
+        bytes_per_second: f64,
+    ) -> Self {
         Self {
             inner,
             latency,
@@ -65,7 +69,7 @@ impl Throttled {
     }
 
     /// The most requests that were open at once since the last call (which resets it).
-    pub fn take_most_connections(&self) -> u64 {
+    pub(crate) fn take_most_connections(&self) -> u64 {
         self.connections.most.swap(0, Ordering::SeqCst)
     }
 

@@ -21,7 +21,7 @@ const GAP_ALLOWANCE: u64 = 10;
 /// them: from [`Checkpoint::assembled`](super::Checkpoint::assembled).
 ///
 /// A read gathers every run of bytes the asked-for boxes need from each container in one
-/// batched [`Source::fetch`](crate::Source::fetch), merging runs across gaps only while the
+/// batched [`Source::fetch`](weightbay::Source::fetch), merging runs across gaps only while the
 /// bytes fetched stay within 10% of the bytes needed. A box that is exactly a stored slice
 /// is handed out as the container's own bytes (lazy, or zero-copy from a map).
 #[derive(Debug)]

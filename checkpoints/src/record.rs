@@ -28,13 +28,15 @@ pub struct CommitRecord {
     pub time_unix_ms: u64,
     /// `burnpack` or `safetensors`.
     pub format: String,
-    /// The caller's metadata (see [`SaveOptions::with_metadata`]).
+    /// The caller's metadata (see
+    /// [`SaveOptions::with_metadata`](crate::SaveOptions::with_metadata)).
     pub metadata: BTreeMap<String, String>,
     /// For a sharded set, the index's key relative to the step's directory.
     pub index: Option<String>,
     /// Every container, with its key relative to the step's directory.
     pub containers: Vec<ContainerRecord>,
-    /// For a checkpoint written by several ranks ([`Checkpoints::save_rank`]), how many.
+    /// For a checkpoint written by several ranks
+    /// ([`Checkpoints::save_rank`](crate::Checkpoints::save_rank)), how many.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub world_size: Option<u32>,
     /// For a checkpoint written by several ranks, every logical tensor and the slices that
@@ -110,7 +112,7 @@ pub struct RankManifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RankTensor {
-    /// The element type, as [`DType`](crate::DType) displays it.
+    /// The element type, as [`DType`](weightbay::DType) displays it.
     pub dtype: String,
     /// The whole tensor's shape.
     pub shape: Vec<u64>,
@@ -125,7 +127,7 @@ pub struct RankTensor {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct LogicalTensor {
-    /// The element type, as [`DType`](crate::DType) displays it.
+    /// The element type, as [`DType`](weightbay::DType) displays it.
     pub dtype: String,
     /// The whole tensor's shape.
     pub shape: Vec<u64>,

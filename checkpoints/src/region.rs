@@ -58,7 +58,7 @@ impl Region {
     /// Checks that it lies inside a tensor of `shape`, with as many dimensions.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) saying which dimension
+    /// [`ErrorKind::InvalidInput`](weightbay::ErrorKind::InvalidInput) saying which dimension
     /// does not fit.
     pub fn within(&self, shape: &[u64]) -> Result<()> {
         if self.offsets.len() != shape.len() || self.lengths.len() != shape.len() {

@@ -68,7 +68,7 @@ fn read_back(reader: &Reader) -> Result<()> {
     Ok(())
 }
 
-pub fn run(size_mib: u64, dir: Option<PathBuf>) -> Result<()> {
+pub(crate) fn run(size_mib: u64, dir: Option<PathBuf>) -> Result<()> {
     let temporary = match dir {
         Some(_) => None,
         None => Some(

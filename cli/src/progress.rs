@@ -7,13 +7,13 @@ use weightbay::{Capabilities, CreateOptions, Result, Sink, Source, Storage};
 
 /// Forwards to a storage; its sinks report progress. The bar draws only on a terminal.
 #[derive(Debug)]
-pub struct Counting {
+pub(crate) struct Counting {
     inner: Arc<dyn Storage>,
     bar: ProgressBar,
 }
 
 impl Counting {
-    pub fn new(inner: Arc<dyn Storage>, total: u64) -> Self {
+    pub(crate) fn new(inner: Arc<dyn Storage>, total: u64) -> Self {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         bar.set_style(
             ProgressStyle::with_template(
@@ -24,7 +24,7 @@ impl Counting {
         Self { inner, bar }
     }
 
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.bar.finish_and_clear();
     }
 }

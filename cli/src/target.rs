@@ -10,7 +10,7 @@ use weightbay_checkpoints::{Checkpoint, Checkpoints, StepState};
 use weightbay_object_store::Location;
 
 /// A location's contents.
-pub enum Target {
+pub(crate) enum Target {
     /// One container.
     Container(Reader),
     /// A sharded set: its shards, opened, by key.
@@ -22,7 +22,7 @@ pub enum Target {
 /// Opens what `location` holds. An `*.index.json` is a sharded set; a key with committed
 /// containers under it is a checkpoint prefix; anything else is opened as a container, whose
 /// error names the formats tried.
-pub fn resolve(location: &Location) -> Result<Target> {
+pub(crate) fn resolve(location: &Location) -> Result<Target> {
     let in_store = |e: Error| {
         e.context(format_args!(
             "cannot open `{}` in {}",
@@ -62,7 +62,7 @@ pub fn resolve(location: &Location) -> Result<Target> {
 
 /// The tensors of a sharded set, shard after shard, each read when it is written: a copy of
 /// the set into one container streams.
-pub fn merged_tensors(shards: &[(String, Reader)]) -> Result<Vec<Tensor>> {
+pub(crate) fn merged_tensors(shards: &[(String, Reader)]) -> Result<Vec<Tensor>> {
     let mut tensors = Vec::new();
     for (_, reader) in shards {
         tensors.extend(reader.to_tensors()?);
@@ -72,7 +72,7 @@ pub fn merged_tensors(shards: &[(String, Reader)]) -> Result<Vec<Tensor>> {
 
 /// The checkpoints a command acts on: `--step N`, `--all` committed ones, or the latest
 /// complete one.
-pub fn chosen(checkpoints: &Checkpoints, step: Option<u64>, all: bool) -> Result<Vec<u64>> {
+pub(crate) fn chosen(checkpoints: &Checkpoints, step: Option<u64>, all: bool) -> Result<Vec<u64>> {
     if let Some(step) = step {
         return Ok(vec![step]);
     }
@@ -94,7 +94,7 @@ pub fn chosen(checkpoints: &Checkpoints, step: Option<u64>, all: bool) -> Result
 }
 
 /// The one container of `checkpoint` or its shards, opened, by key.
-pub fn containers(checkpoint: &Checkpoint) -> Result<Vec<(String, Reader)>> {
+pub(crate) fn containers(checkpoint: &Checkpoint) -> Result<Vec<(String, Reader)>> {
     let record = checkpoint.record();
     let dir = checkpoint.dir();
     record
@@ -110,7 +110,7 @@ pub fn containers(checkpoint: &Checkpoint) -> Result<Vec<(String, Reader)>> {
 }
 
 /// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC`.
-pub fn utc(ms: u64) -> String {
+pub(crate) fn utc(ms: u64) -> String {
     let secs = ms / 1000;
     let (days, rest) = (secs / 86_400, secs % 86_400);
     // Days to a civil date (Howard Hinnant's algorithm), valid for every u64 day count here.

@@ -21,8 +21,8 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// The cases that cannot run on this backend. Such a case must report
-    /// [`Outcome::NotApplicable`]; any other case that does fails, so a missing hook cannot
-    /// quietly turn a case into a pass.
+    /// [`Outcome::NotApplicable`](crate::Outcome::NotApplicable); any other case that does fails,
+    /// so a missing hook cannot quietly turn a case into a pass.
     fn not_applicable(&self) -> &[Case] {
         &[]
     }
@@ -57,8 +57,8 @@ pub trait Harness: Send + Sync + 'static {
     }
 
     /// The storage over a simulated file system, for backends that do their file I/O through
-    /// [`weightbay::backend_kit::FileSystem`]; `None` otherwise (the power-loss and file-system fault
-    /// cases are then not applicable).
+    /// [`weightbay::backend_kit::FileSystem`]; `None` otherwise (the power-loss and file-system
+    /// fault cases are then not applicable).
     fn over_file_system(&self, fs: Arc<dyn FileSystem>) -> Option<Self::Storage> {
         let _ = fs;
         None

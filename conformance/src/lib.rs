@@ -29,19 +29,18 @@
 //! ```
 //!
 //! which makes a test binary with one test per [`Case`] (run by
-//! [libtest-mimic](https://docs.rs/libtest-mimic), so each case is named, filterable with the
-//! usual `cargo test` arguments and runs in parallel). Every case is registered once, in
-//! [`cases`], so a new case reaches every backend. Each is also a public generic function a
-//! third party can call directly ([`Case::run`] runs one by name); it returns an [`Outcome`]. A case that cannot run on a backend
-//! (no simulated file system, nothing that outlives the process) is shown as ignored with its
-//! reason when the harness declares it in [`Harness::not_applicable`], and fails when it does
-//! not: nothing passes without having been checked. A dedicated test binary adds
-//! [`memory_bound!`] for the peak-memory case, which needs its own global allocator.
+//! [libtest-mimic](https://docs.rs/libtest-mimic), so each case is named, filterable with the usual
+//! `cargo test` arguments and runs in parallel). Every case is registered once, in [`cases`], so a
+//! new case reaches every backend. Each is also a public generic function a third party can call
+//! directly ([`Case::run`] runs one by name); it returns an [`Outcome`]. A case that cannot run on
+//! a backend (no simulated file system, nothing that outlives the process) is shown as ignored with
+//! its reason when the harness declares it in [`Harness::not_applicable`], and fails when it does
+//! not: nothing passes without having been checked. A dedicated test binary adds [`memory_bound!`]
+//! for the peak-memory case, which needs its own global allocator.
 //!
 //! A failing case panics with a message that names the case, the operation, and what is needed
 //! to replay it: the proptest seed (`WEIGHTBAY_SEED=...`) or the crash point. Property cases run
 //! `WEIGHTBAY_CASES` cases each (default 32). docs/ADDING_A_BACKEND.md walks through it.
-#![warn(missing_docs)]
 
 pub mod alloc;
 mod case;

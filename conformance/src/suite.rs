@@ -40,7 +40,8 @@ pub fn verdict<H: Harness>(
 
 /// The conformance cases as tests, for one or more backends, run by libtest-mimic.
 ///
-/// [`suite!`] is this for one backend. A test binary with several harnesses names each:
+/// [`suite!`](crate::suite) is this for one backend. A test binary with several harnesses names
+/// each:
 ///
 /// ```no_run
 /// # use weightbay::MemoryStorage;

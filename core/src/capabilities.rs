@@ -4,8 +4,9 @@
 use crate::options::{CreateOptions, Durability, WriteMode};
 use crate::{Error, Result};
 
-/// What a backend promises beyond the base contract. Each declared capability is tested by
-/// the conformance suite; asking for an undeclared one fails with [`ErrorKind::Unsupported`].
+/// What a backend promises beyond the base contract. Each declared capability is tested by the
+/// conformance suite; asking for an undeclared one fails with
+/// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub struct Capabilities {
@@ -13,14 +14,14 @@ pub struct Capabilities {
     pub atomic_create_new: bool,
     /// [`Durability::Durable`] commits survive power loss.
     pub durable_commit: bool,
-    /// [`Source::bytes`] returns host memory without copying (memory, mmap).
+    /// [`Source::bytes`](crate::Source::bytes) returns host memory without copying (memory, mmap).
     pub zero_copy_reads: bool,
     /// [`WriteMode::InPlace`] is supported.
     pub in_place_writes: bool,
-    /// [`Storage::pending`] lists unfinished writes and [`Storage::clean_pending`] removes
-    /// those of dead writers.
+    /// [`Storage::pending`](crate::Storage::pending) lists unfinished writes and
+    /// [`Storage::clean_pending`](crate::Storage::clean_pending) removes those of dead writers.
     pub pending_listing: bool,
-    /// [`Storage::list`] lists committed containers.
+    /// [`Storage::list`](crate::Storage::list) lists committed containers.
     pub listing: bool,
 }
 
@@ -77,7 +78,8 @@ impl Capabilities {
         self
     }
 
-    /// Fails with [`ErrorKind::Unsupported`] when `options` ask for something undeclared.
+    /// Fails with [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) when `options` ask for
+    /// something undeclared.
     ///
     /// # Errors
     /// As described.

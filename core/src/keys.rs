@@ -11,7 +11,7 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// applies the same rule so a key means the same thing everywhere.
 ///
 /// # Errors
-/// [`ErrorKind::InvalidInput`] naming the key.
+/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) naming the key.
 pub fn validate_key(key: &str) -> Result<()> {
     let problem = if key.is_empty() {
         Some("is empty")
@@ -36,7 +36,7 @@ pub fn validate_key(key: &str) -> Result<()> {
 /// Checks a listing prefix: empty, or a valid key.
 ///
 /// # Errors
-/// [`ErrorKind::InvalidInput`] as [`validate_key`] says.
+/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) as [`validate_key`] says.
 pub fn validate_prefix(prefix: &str) -> Result<()> {
     if prefix.is_empty() {
         Ok(())
@@ -45,7 +45,8 @@ pub fn validate_prefix(prefix: &str) -> Result<()> {
     }
 }
 
-/// Whether `key` lies under the listing prefix `prefix` (see [`Storage::list`]).
+/// Whether `key` lies under the listing prefix `prefix` (see
+/// [`Storage::list`](crate::Storage::list)).
 pub fn is_under(key: &str, prefix: &str) -> bool {
     prefix.is_empty()
         || key

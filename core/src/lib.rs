@@ -1,10 +1,10 @@
 //! weightbay: the storage layer for model checkpoints.
 //!
 //! A container format byte-compatible with Burnpack v1 (burn's `burn-pack`), with an optional
-//! CRC32C integrity trailer, and a safetensors codec beside it ([`format`](mod@format)); a streaming
-//! [`Writer`] that plans the layout first and never holds a whole checkpoint; a validating
-//! [`Reader`] that treats every file as untrusted; and the small traits storages plug into
-//! ([`Storage`], [`Sink`], [`Source`]), with [`MemoryStorage`] as the reference. Local files,
+//! CRC32C integrity trailer, and a safetensors codec beside it ([`format`](mod@format)); a
+//! streaming [`Writer`] that plans the layout first and never holds a whole checkpoint; a
+//! validating [`Reader`] that treats every file as untrusted; and the small traits storages plug
+//! into ([`Storage`], [`Sink`], [`Source`]), with [`MemoryStorage`] as the reference. Local files,
 //! memory maps and object stores are the `weightbay-local`, `weightbay-mmap` and
 //! `weightbay-object-store` crates.
 //!
@@ -28,9 +28,8 @@
 //! built over this one.
 //!
 //! Every public item has one path: the crate root for what users save and load with, and three
-//! namespaces: [`format`] for the containers' constants and hardening limits, [`checksum`] for
-//! CRC32C, and [`backend_kit`] for backend authors.
-#![warn(missing_docs)]
+//! namespaces: [`format`](mod@format) for the containers' constants and hardening limits,
+//! [`checksum`] for CRC32C, and [`backend_kit`] for backend authors.
 
 pub mod backend_kit;
 mod background;

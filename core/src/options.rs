@@ -6,8 +6,9 @@ pub enum WriteMode {
     /// Replace whatever is there, atomically (the default).
     #[default]
     Overwrite,
-    /// Fail with [`ErrorKind::AlreadyExists`](crate::ErrorKind::AlreadyExists) if anything is there, without a race between
-    /// two writers (needs [`Capabilities::atomic_create_new`](crate::Capabilities::atomic_create_new)).
+    /// Fail with [`ErrorKind::AlreadyExists`](crate::ErrorKind::AlreadyExists) if anything is
+    /// there, without a race between two writers (needs
+    /// [`Capabilities::atomic_create_new`](crate::Capabilities::atomic_create_new)).
     CreateNew,
     /// Write the existing object in place (keeps a file's inode); a failure loses the old
     /// container (needs [`Capabilities::in_place_writes`](crate::Capabilities::in_place_writes)).
@@ -22,11 +23,13 @@ pub enum Durability {
     Default,
     /// Atomic against a process crash, but may be lost on power failure (no fsync).
     Flushed,
-    /// Survives power loss once `commit` returns (needs [`Capabilities::durable_commit`](crate::Capabilities::durable_commit)).
+    /// Survives power loss once `commit` returns (needs
+    /// [`Capabilities::durable_commit`](crate::Capabilities::durable_commit)).
     Durable,
 }
 
-/// Options for [`Storage::create`]: `CreateOptions::default()` and the `with_` setters.
+/// Options for [`Storage::create`](crate::Storage::create): `CreateOptions::default()` and the
+/// `with_` setters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub struct CreateOptions {

@@ -13,7 +13,8 @@ pub fn check_ranges(ranges: &[Range<u64>], len: u64) -> Result<()> {
 }
 
 /// Checks, at commit, that a sink received the length the writer planned
-/// ([`CreateOptions::expected_len`]): a shorter stream means a writer stopped early.
+/// ([`CreateOptions::expected_len`](crate::CreateOptions::expected_len)): a shorter stream means a
+/// writer stopped early.
 ///
 /// # Errors
 /// [`ErrorKind::Io`] naming both lengths.

@@ -21,7 +21,6 @@
 //! assert_eq!(reader.read("w")?, vec![1, 2, 3]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![warn(missing_docs)]
 
 mod std_fs;
 

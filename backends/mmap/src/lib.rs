@@ -25,7 +25,6 @@
 //! assert_eq!(bytes.read(AccessPolicy::ZeroCopy)?, &[1, 2, 3, 4]);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![warn(missing_docs)]
 
 use std::fs::File;
 use std::ops::Range;

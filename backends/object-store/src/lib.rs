@@ -34,7 +34,6 @@
 //! # Ok(())
 //! # }
 //! ```
-#![warn(missing_docs)]
 
 mod error;
 mod location;

@@ -11,8 +11,8 @@ pub const MAX_PARTS: u64 = 10_000;
 /// use.
 pub const STAGING_DIR: &str = ".weightbay-staging";
 
-/// Tuning for an [`ObjectStorage`]: [`ObjectStoreOptions::DEFAULT`] and the `with_` setters
-/// (usable in a `const`).
+/// Tuning for an [`ObjectStorage`](crate::ObjectStorage): [`ObjectStoreOptions::DEFAULT`] and the
+/// `with_` setters (usable in a `const`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ObjectStoreOptions {
@@ -22,27 +22,28 @@ pub struct ObjectStoreOptions {
     pub part_size: usize,
     /// Parts uploading at once; the writer blocks when this many are in flight. Default 8.
     pub parts_in_flight: usize,
-    /// Whether a completed upload survives power loss. Default false; [`open_url`] sets it
-    /// for S3, GCS and Azure.
+    /// Whether a completed upload survives power loss. Default false; [`open_url`](crate::open_url)
+    /// sets it for S3, GCS and Azure.
     pub durable: bool,
-    /// Bytes [`ObjectSource::fetch`] keeps in flight at once. Default 256 MiB.
+    /// Bytes [`ObjectSource::fetch`](crate::ObjectSource::fetch) keeps in flight at once. Default
+    /// 256 MiB.
     pub fetch_budget: usize,
-    /// The largest request [`ObjectSource::fetch`] makes (coalesced ranges up to this long, a
-    /// longer tensor in pieces this long), or `None` for one request per run of adjacent
-    /// ranges (what `object_store`'s `get_ranges` makes).
+    /// The largest request [`ObjectSource::fetch`](crate::ObjectSource::fetch) makes (coalesced
+    /// ranges up to this long, a longer tensor in pieces this long), or `None` for one request per
+    /// run of adjacent ranges (what `object_store`'s `get_ranges` makes).
     ///
-    /// Default 16 MiB: a cloud store caps what one connection carries, so a load runs as
-    /// many parallel ranged GETs as the budget allows. Measured against a store with 20 ms to
-    /// first byte and 100 MiB/s per connection (docs/BENCHMARKS.md, "remote" rows), 16 MiB
-    /// requests within the default budget (16 in flight) load 3.4× faster than 64 MiB ones (4
-    /// in flight), and smaller requests lose more to latency than they gain. [`open_url`] picks
-    /// `None` for stores on this machine (`memory://`, `file://`, an endpoint on loopback such
-    /// as moto, MinIO or LocalStack), where there is no per-connection limit to spread over and
-    /// every extra request is work for the same cores; some emulators (moto) even read the
-    /// whole object for each ranged GET.
+    /// Default 16 MiB: a cloud store caps what one connection carries, so a load runs as many
+    /// parallel ranged GETs as the budget allows. Measured against a store with 20 ms to first byte
+    /// and 100 MiB/s per connection (docs/BENCHMARKS.md, "remote" rows), 16 MiB requests within the
+    /// default budget (16 in flight) load 3.4× faster than 64 MiB ones (4 in flight), and smaller
+    /// requests lose more to latency than they gain. [`open_url`](crate::open_url) picks `None` for
+    /// stores on this machine (`memory://`, `file://`, an endpoint on loopback such as moto, MinIO
+    /// or LocalStack), where there is no per-connection limit to spread over and every extra
+    /// request is work for the same cores; some emulators (moto) even read the whole object for
+    /// each ranged GET.
     pub fetch_request_len: Option<u64>,
-    /// Staged create-new uploads older than this are [`Storage::clean_pending`]'s to remove.
-    /// Default one hour.
+    /// Staged create-new uploads older than this are
+    /// [`Storage::clean_pending`](weightbay::Storage::clean_pending)'s to remove. Default one hour.
     pub stale_after: Duration,
 }
 

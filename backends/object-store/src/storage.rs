@@ -39,7 +39,7 @@ impl ObjectStorage {
     /// Objects of `store`, under no prefix, on a runtime owned by this storage.
     ///
     /// # Errors
-    /// [`ErrorKind::Io`] when the runtime cannot start.
+    /// [`ErrorKind::Io`](weightbay::ErrorKind::Io) when the runtime cannot start.
     pub fn new(store: Arc<dyn ObjectStore>) -> Result<Self> {
         Ok(Self::with_bridge(store, Bridge::owned()?))
     }
@@ -57,7 +57,8 @@ impl ObjectStorage {
     /// Keys live under `prefix` (a `/`-separated path).
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for a prefix `object_store` cannot express.
+    /// [`ErrorKind::InvalidInput`](weightbay::ErrorKind::InvalidInput) for a prefix `object_store`
+    /// cannot express.
     pub fn with_prefix(mut self, prefix: &str) -> Result<Self> {
         self.prefix =
             Path::parse(prefix).map_err(|e| Error::invalid("bad object prefix").with_source(e))?;
@@ -102,7 +103,7 @@ impl ObjectStorage {
     /// Opens `key` as an [`ObjectSource`], for [`ObjectSource::fetch`].
     ///
     /// # Errors
-    /// [`ErrorKind::NotFound`]; the store's error.
+    /// [`ErrorKind::NotFound`](weightbay::ErrorKind::NotFound); the store's error.
     pub fn open_object(&self, key: &str) -> Result<ObjectSource> {
         let path = self.path(key)?;
         ObjectSource::open(

@@ -13,7 +13,7 @@ use weightbay_conformance::{Case, Harness};
 
 /// A deliberate bug, for showing that the suite fails loudly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Defect {
+pub(crate) enum Defect {
     /// Every write is visible at the key at once, before commit.
     PublishesPartialWrites,
     /// Declares race-free create-new but overwrites anyway.
@@ -43,7 +43,7 @@ struct Objects {
 
 /// Containers in a `HashMap`. Clones share the map.
 #[derive(Debug, Clone, Default)]
-pub struct HashMapStorage {
+pub(crate) struct HashMapStorage {
     objects: Arc<Mutex<Objects>>,
     defect: Option<Defect>,
 }
@@ -210,7 +210,7 @@ impl Source for HashMapSource {
 
 /// The harness: a fresh map per storage, optionally with a defect.
 #[derive(Debug, Default)]
-pub struct HashMapHarness {
+pub(crate) struct HashMapHarness {
     pub defect: Option<Defect>,
 }
 

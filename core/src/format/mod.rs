@@ -86,7 +86,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    pub fn total_len(&self) -> u64 {
+    pub(crate) fn total_len(&self) -> u64 {
         self.data_start + self.data_len + self.trailer_len
     }
 }

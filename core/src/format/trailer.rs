@@ -12,9 +12,9 @@
 use crate::{Error, Result};
 
 /// The last eight bytes of a container that carries a trailer.
-pub const TRAILER_MAGIC: [u8; 8] = *b"WBCRC32C";
+pub(crate) const TRAILER_MAGIC: [u8; 8] = *b"WBCRC32C";
 /// Length of the fixed footer: count, length and magic.
-pub const FOOTER_LEN: u64 = 16;
+pub(crate) const FOOTER_LEN: u64 = 16;
 
 /// The length of a trailer holding `count` tensor checksums.
 pub(crate) fn trailer_len(count: usize) -> u64 {

@@ -3,16 +3,16 @@
 
 use ciborium::Value;
 
-pub fn text(s: &str) -> Value {
+pub(crate) fn text(s: &str) -> Value {
     Value::Text(s.into())
 }
 
-pub fn uint(v: u64) -> Value {
+pub(crate) fn uint(v: u64) -> Value {
     Value::Integer(v.into())
 }
 
 /// A descriptor map `{dtype, shape, data_offsets}`.
-pub fn descriptor(dtype: &str, shape: &[u64], start: u64, end: u64) -> Value {
+pub(crate) fn descriptor(dtype: &str, shape: &[u64], start: u64, end: u64) -> Value {
     Value::Map(vec![
         (text("dtype"), text(dtype)),
         (
@@ -27,7 +27,7 @@ pub fn descriptor(dtype: &str, shape: &[u64], start: u64, end: u64) -> Value {
 }
 
 /// `{"tensors": {name: descriptor, ...}}`
-pub fn tensors(entries: Vec<(&str, Value)>) -> Value {
+pub(crate) fn tensors(entries: Vec<(&str, Value)>) -> Value {
     Value::Map(vec![(
         text("tensors"),
         Value::Map(
@@ -39,14 +39,14 @@ pub fn tensors(entries: Vec<(&str, Value)>) -> Value {
     )])
 }
 
-pub fn cbor(value: &Value) -> Vec<u8> {
+pub(crate) fn cbor(value: &Value) -> Vec<u8> {
     let mut out = Vec::new();
     ciborium::ser::into_writer(value, &mut out).unwrap();
     out
 }
 
 /// Header + raw metadata bytes + padding to 256 + `data`.
-pub fn container_raw(metadata: &[u8], data: &[u8]) -> Vec<u8> {
+pub(crate) fn container_raw(metadata: &[u8], data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(&0x4255_524Eu32.to_le_bytes());
     out.extend_from_slice(&1u16.to_le_bytes());
@@ -57,6 +57,6 @@ pub fn container_raw(metadata: &[u8], data: &[u8]) -> Vec<u8> {
     out
 }
 
-pub fn container(metadata: &Value, data: &[u8]) -> Vec<u8> {
+pub(crate) fn container(metadata: &Value, data: &[u8]) -> Vec<u8> {
     container_raw(&cbor(metadata), data)
 }

@@ -2,11 +2,11 @@
 
 /// A small xorshift generator: the victims and kill moments, reproducible from the printed
 /// seed (`WEIGHTBAY_KILL_SEED` replays them).
-pub struct Moments(u64);
+pub(crate) struct Moments(u64);
 
 impl Moments {
     /// Seeded by `WEIGHTBAY_KILL_SEED`, or else by this process's id; the seed is printed.
-    pub fn from_env() -> Self {
+    pub(crate) fn from_env() -> Self {
         let seed = std::env::var("WEIGHTBAY_KILL_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -16,7 +16,7 @@ impl Moments {
     }
 
     /// The next number below `below` (at least 1).
-    pub fn next(&mut self, below: u64) -> u64 {
+    pub(crate) fn next(&mut self, below: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;

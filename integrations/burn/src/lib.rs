@@ -24,7 +24,6 @@
 //! assert!(result.is_success());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![warn(missing_docs)]
 
 mod dtype;
 #[cfg(feature = "store")]

@@ -101,7 +101,7 @@ mod strategies {
     use super::*;
 
     /// Names that exercise bytewise ordering ("B" < "aa" < "b"), dots, unicode and length.
-    pub fn tensor_name() -> impl Strategy<Value = String> {
+    pub(crate) fn tensor_name() -> impl Strategy<Value = String> {
         prop_oneof![
             Just("B".to_string()),
             Just("aa".to_string()),
@@ -112,7 +112,7 @@ mod strategies {
         ]
     }
 
-    pub fn dtype() -> impl Strategy<Value = DType> {
+    pub(crate) fn dtype() -> impl Strategy<Value = DType> {
         let qfloat = QuantScheme::from_cbor(&burn_qfloat_cbor()).unwrap();
         prop_oneof![
             12 => proptest::sample::select(DType::FIXED.to_vec()),
@@ -120,7 +120,7 @@ mod strategies {
         ]
     }
 
-    pub fn tensor() -> impl Strategy<Value = TensorParts> {
+    pub(crate) fn tensor() -> impl Strategy<Value = TensorParts> {
         (
             tensor_name(),
             dtype(),
@@ -143,7 +143,7 @@ mod strategies {
     }
 
     /// Floats of every CBOR width: f16-exact, f32-exact, f64 only, and the specials.
-    pub fn scalar() -> impl Strategy<Value = Scalar> {
+    pub(crate) fn scalar() -> impl Strategy<Value = Scalar> {
         prop_oneof![
             any::<i64>().prop_map(Scalar::Int),
             any::<u64>().prop_map(Scalar::UInt),
@@ -163,7 +163,7 @@ mod strategies {
         ]
     }
 
-    pub fn container() -> impl Strategy<Value = ContainerCase> {
+    pub(crate) fn container() -> impl Strategy<Value = ContainerCase> {
         (
             proptest::collection::vec(tensor(), 0..8),
             proptest::collection::btree_map("\\PC{0,8}", "\\PC{0,16}", 0..4),

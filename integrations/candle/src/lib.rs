@@ -27,7 +27,6 @@
 //! assert_eq!(layer.forward(&x)?.to_vec2::<f32>()?, loaded.forward(&x)?.to_vec2::<f32>()?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-#![warn(missing_docs)]
 
 use candle_core::{DType as CandleDType, Device, Shape, Tensor as CandleTensor};
 use candle_nn::var_builder::SimpleBackend;

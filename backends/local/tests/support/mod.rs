@@ -11,7 +11,7 @@ use weightbay_conformance::{FaultPlan, FaultyFileSystem, Harness};
 use weightbay_local::{LocalStorage, StdFileSystem};
 
 #[derive(Debug)]
-pub struct Local {
+pub(crate) struct Local {
     /// Made on first use: the crash case's child process, which only reopens its parent's
     /// storage and is then killed, must not leave a directory of its own behind.
     root: OnceLock<tempfile::TempDir>,

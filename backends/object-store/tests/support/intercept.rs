@@ -20,7 +20,7 @@ use weightbay_conformance::{FaultPlan, InjectedFault};
 
 /// A realistic store bug.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreDefect {
+pub(crate) enum StoreDefect {
     /// A multipart upload's second part is acknowledged but never becomes part of the object.
     DropsSecondPart,
     /// Reads ignore `If-Match` and the version they pin, and serve whatever is there now.
@@ -29,7 +29,7 @@ pub enum StoreDefect {
 
 /// `inner` with `plan` applied to each request and `defect`, if any, switched on.
 #[derive(Debug)]
-pub struct Intercepted {
+pub(crate) struct Intercepted {
     inner: Arc<dyn ObjectStore>,
     plan: FaultPlan,
     defect: Option<StoreDefect>,
@@ -38,7 +38,11 @@ pub struct Intercepted {
 }
 
 impl Intercepted {
-    pub fn new(inner: Arc<dyn ObjectStore>, plan: FaultPlan, defect: Option<StoreDefect>) -> Self {
+    pub(crate) fn new(
+        inner: Arc<dyn ObjectStore>,
+        plan: FaultPlan,
+        defect: Option<StoreDefect>,
+    ) -> Self {
         Self {
             inner,
             plan,

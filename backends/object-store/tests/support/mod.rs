@@ -3,7 +3,7 @@
 //! starts. Every fresh storage is its own prefix.
 #![allow(dead_code)] // each test binary uses its own subset
 
-pub mod intercept;
+pub(crate) mod intercept;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,7 +20,7 @@ const NO_FILE_SYSTEM: [Case; 2] = [
 
 /// Small parts, so the suite's containers over 64 KiB go through multipart uploads, and its
 /// several-parts containers (300 KB) through uploads of five parts.
-pub const SMALL_PARTS: ObjectStoreOptions = ObjectStoreOptions::DEFAULT
+pub(crate) const SMALL_PARTS: ObjectStoreOptions = ObjectStoreOptions::DEFAULT
     .with_part_size(64 * 1024)
     .with_parts_in_flight(3)
     .with_fetch_budget(1 << 20)
@@ -37,7 +37,7 @@ fn unique_run() -> String {
 
 /// object_store's InMemory store.
 #[derive(Debug, Default)]
-pub struct InMemory;
+pub(crate) struct InMemory;
 
 impl Harness for InMemory {
     type Storage = ObjectStorage;
@@ -70,7 +70,7 @@ impl Harness for InMemory {
 /// A store reached by URL: `file://` in a temporary directory, or a server from the
 /// environment.
 #[derive(Debug)]
-pub struct ByUrl {
+pub(crate) struct ByUrl {
     base: Option<String>,
     why_not: String,
     options: ObjectStoreOptions,
@@ -81,14 +81,14 @@ pub struct ByUrl {
 
 impl ByUrl {
     /// LocalFileSystem under a temporary directory.
-    pub fn local_fs() -> Self {
+    pub(crate) fn local_fs() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let base = format!("file://{}", dir.path().display());
         Self::new(Some(base), String::new(), SMALL_PARTS, Some(dir))
     }
 
     /// The S3 server named by `WEIGHTBAY_S3_URL` and the `AWS_*` variables.
-    pub fn s3() -> Self {
+    pub(crate) fn s3() -> Self {
         let base = std::env::var("WEIGHTBAY_S3_URL")
             .ok()
             .filter(|_| std::env::var("AWS_ENDPOINT").is_ok());
@@ -96,7 +96,7 @@ impl ByUrl {
     }
 
     /// The GCS server named by `WEIGHTBAY_GCS_URL` and the `GOOGLE_*` variables.
-    pub fn gcs() -> Self {
+    pub(crate) fn gcs() -> Self {
         let base = std::env::var("WEIGHTBAY_GCS_URL")
             .ok()
             .filter(|_| std::env::var("GOOGLE_SERVICE_ACCOUNT").is_ok());
@@ -119,7 +119,7 @@ impl ByUrl {
         }
     }
 
-    pub fn url(&self, n: usize) -> String {
+    pub(crate) fn url(&self, n: usize) -> String {
         format!(
             "{}/{}/storage-{n}",
             self.base.as_deref().unwrap_or_default(),
@@ -127,7 +127,7 @@ impl ByUrl {
         )
     }
 
-    pub fn open(&self, url: &str) -> ObjectStorage {
+    pub(crate) fn open(&self, url: &str) -> ObjectStorage {
         let storage = open_url(url, std::iter::empty::<(&str, &str)>())
             .unwrap_or_else(|e| panic!("opening {url}: {e}"));
         let durable = storage.options().durable;
