@@ -2,10 +2,9 @@
 //! of 16 linear layers of 4096 × 4096 (1 GiB of f32), saved durably to a local file and loaded
 //! into a fresh module of the same shape.
 
-use burn_core as burn;
-
 use std::sync::Arc;
 
+use burn_core as burn;
 use burn_core::module::Module;
 use burn_core::tensor::Device;
 use burn_nn::{Linear, LinearConfig};
@@ -14,7 +13,8 @@ use weightbay::{Error, ErrorKind, Result, Storage};
 use weightbay_burn::WeightbayStore;
 use weightbay_local::LocalStorage;
 
-use crate::{Bench, Start};
+use crate::Bench;
+use crate::harness::Start;
 
 #[derive(Module, Debug)]
 struct Layers {
@@ -53,7 +53,7 @@ pub(crate) fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
     // Resets the peak to the current resident set (Linux): the model is counted out.
     std::fs::write("/proc/self/clear_refs", "5")
         .map_err(|e| Error::io("resetting the peak RSS", e))?;
-    let before = crate::rss("VmRSS:");
+    let before = crate::rss::rss("VmRSS:");
     if case == "burn" {
         let local: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir));
         model.save_into(&mut WeightbayStore::new(local, "rss.bpk").overwrite(true))?;
@@ -61,7 +61,7 @@ pub(crate) fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
         let mut theirs = BurnpackStore::from_file(dir.join("rss-burn.bpk")).overwrite(true);
         model.save_into(&mut theirs).map_err(burn_error)?;
     }
-    Ok(crate::rss("VmHWM:").saturating_sub(before))
+    Ok(crate::rss::rss("VmHWM:").saturating_sub(before))
 }
 
 pub(crate) fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
@@ -82,8 +82,8 @@ pub(crate) fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
         || model.save_into(&mut theirs()).map_err(burn_error),
     )?;
     let (ours_rss, theirs_rss) = (
-        crate::rss_of("burn", 0, &dir)?,
-        crate::rss_of("burn-peer", 0, &dir)?,
+        crate::rss::rss_of("burn", 0, &dir)?,
+        crate::rss::rss_of("burn-peer", 0, &dir)?,
     );
     println!(
         "  peak RSS a durable save of the 1 GiB module adds above the module: weightbay-burn {} MiB, BurnpackStore {} MiB (bound: largest tensor 64 MiB + 16 MiB)",

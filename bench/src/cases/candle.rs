@@ -10,7 +10,8 @@ use weightbay::{Reader, Result, Writer};
 use weightbay_candle::WeightbayBackend;
 use weightbay_mmap::MmapStorage;
 
-use crate::{Bench, Start};
+use crate::Bench;
+use crate::harness::Start;
 
 fn candle_error(e: candle_core::Error) -> weightbay::Error {
     weightbay::Error::new(weightbay::ErrorKind::Io, e.to_string())
@@ -32,7 +33,7 @@ pub(crate) fn s3_load_rss(tensors: Vec<weightbay::Tensor>) -> Result<u64> {
         .write_to(&storage, "rss.safetensors")?;
     std::fs::write("/proc/self/clear_refs", "5")
         .map_err(|e| weightbay::Error::io("resetting the peak RSS", e))?;
-    let before = crate::rss("VmRSS:");
+    let before = crate::rss::rss("VmRSS:");
     let reader = Reader::open_key(&storage, "rss.safetensors")?;
     let vb = VarBuilder::from_backend(
         Box::new(WeightbayBackend::new(reader)),
@@ -42,7 +43,7 @@ pub(crate) fn s3_load_rss(tensors: Vec<weightbay::Tensor>) -> Result<u64> {
     for name in &names {
         black_box(vb.get_unchecked(name).map_err(candle_error)?);
     }
-    Ok(crate::rss("VmHWM:").saturating_sub(before))
+    Ok(crate::rss::rss("VmHWM:").saturating_sub(before))
 }
 
 pub(crate) fn candle_cases(b: &mut Bench<'_>) -> Result<()> {
@@ -83,7 +84,7 @@ pub(crate) fn candle_cases(b: &mut Bench<'_>) -> Result<()> {
         },
     )?;
     if std::env::var("WEIGHTBAY_S3_URL").is_ok() {
-        let rss = crate::rss_of("candle-s3", b.args.size_mib, &b.dir)?;
+        let rss = crate::rss::rss_of("candle-s3", b.args.size_mib, &b.dir)?;
         println!(
             "  peak RSS loading {} MiB of 16 MiB tensors into candle from s3:// (moto): {} MiB (bound: largest tensor 16 MiB + fetch budget 256 MiB)",
             b.args.size_mib,

@@ -1,4 +1,4 @@
-//! Loads from a store that behaves like a cloud store ([`Throttled`]: 20 ms to first byte,
+//! Loads from a store that behaves like a cloud store ([`SlowStore`]: 20 ms to first byte,
 //! 100 MiB/s per connection), to choose the object-store backend's default request size and
 //! parallelism and to show how close a load and a copy come to what the connections carry.
 //!
@@ -14,8 +14,10 @@ use weightbay::{Reader, Result, Writer};
 use weightbay_local::LocalStorage;
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 
-use crate::throttled::Throttled;
-use crate::{Bench, Row, median, print_runs, timed};
+use crate::Bench;
+use crate::harness::{median, print_runs, timed};
+use crate::report::Row;
+use crate::store::SlowStore;
 
 /// A cloud store's shape: time to first byte.
 pub(crate) const LATENCY: Duration = Duration::from_millis(20);
@@ -29,16 +31,14 @@ fn limit(bytes: u64, connections: u64) -> Duration {
     Duration::from_secs_f64(bytes as f64 / (connections as f64 * CONNECTION_BYTES_PER_SECOND))
 }
 
-/// A storage that reads `inner` through the throttle, and the throttle.
+/// A storage that reads `inner` through the slow store, and the slow store.
 fn throttled_storage(
     inner: &Arc<dyn ObjectStore>,
     options: ObjectStoreOptions,
-) -> Result<(ObjectStorage, Arc<Throttled>)> {
-    let throttled = Arc::new(Throttled::new(
-        Arc::clone(inner),
-        LATENCY,
-        CONNECTION_BYTES_PER_SECOND,
-    ));
+) -> Result<(ObjectStorage, Arc<SlowStore>)> {
+    let throttled = Arc::new(
+        SlowStore::new(Arc::clone(inner), LATENCY).with_bandwidth(CONNECTION_BYTES_PER_SECOND),
+    );
     let storage =
         ObjectStorage::new(Arc::clone(&throttled) as Arc<dyn ObjectStore>)?.with_options(options);
     Ok((storage, throttled))
@@ -57,15 +57,15 @@ fn against_limit(
     b: &mut Bench<'_>,
     case: String,
     bytes: u64,
-    throttled: &Throttled,
+    throttled: &SlowStore,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<()> {
     let (mut times, mut limits) = (Vec::new(), Vec::new());
     let mut most = 0;
     for _ in 0..b.table.runs {
-        throttled.take_most_connections();
+        throttled.counts().take_most_open();
         times.push(timed(&mut f)?);
-        let connections = throttled.take_most_connections().max(1);
+        let connections = throttled.counts().take_most_open().max(1);
         most = most.max(connections);
         limits.push(limit(bytes, connections));
     }
@@ -119,7 +119,7 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
         }
     }
     if b.args.wants("remote rss") {
-        let rss = crate::rss_of("remote-copy", b.args.size_mib, &b.dir)?;
+        let rss = crate::rss::rss_of("remote-copy", b.args.size_mib, &b.dir)?;
         let options = ObjectStoreOptions::DEFAULT;
         println!(
             "  peak RSS a remote copy of {} MiB of 16 MiB tensors adds: {} MiB (bound: fetch budget {} MiB + largest tensor 16 MiB)",
@@ -173,9 +173,9 @@ pub(crate) fn copy_rss(tensors: Vec<weightbay::Tensor>, dir: &std::path::Path) -
     // the copy's own.
     std::fs::write("/proc/self/clear_refs", "5")
         .map_err(|e| weightbay::Error::io("resetting the peak RSS", e))?;
-    let before = crate::rss("VmRSS:");
+    let before = crate::rss::rss("VmRSS:");
     Reader::open_key(&storage, "big.bpk")?
         .to_writer()
         .write_to(&LocalStorage::new(dir), "copied.bpk")?;
-    Ok(crate::rss("VmHWM:").saturating_sub(before))
+    Ok(crate::rss::rss("VmHWM:").saturating_sub(before))
 }

@@ -12,7 +12,9 @@ use weightbay::{DType, Durability, Result, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions};
 use weightbay_local::LocalStorage;
 
-use crate::{Bench, Row, Start, io, median, paired, print_runs, timed};
+use crate::Bench;
+use crate::harness::{Start, io, median, paired, print_runs, timed};
+use crate::report::Row;
 
 /// The goal for `latest()` over 1,000 checkpoints on the local backend.
 const LATEST_GOAL: Duration = Duration::from_millis(50);

@@ -4,222 +4,23 @@
 //! resharded load from the S3 server (bytes fetched against the bytes the loading rank
 //! needs, and time against the same rows of a single-process checkpoint).
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex, PoisonError};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use futures::StreamExt;
-use futures::stream::BoxStream;
-use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
-};
 use weightbay::{Error, ErrorKind, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, RankSave, Region};
 use weightbay_object_store::ObjectStorage;
 
-use crate::{Bench, Row, median, print_runs};
+use crate::Bench;
+use crate::harness::{median, print_runs};
+use crate::report::Row;
+use crate::store::{PAGE, SlowStore};
 
 /// The latency of every request in the simulation, as a cloud store's.
 const LATENCY: Duration = Duration::from_millis(20);
-/// Keys per listing page, as S3, GCS and Azure return them.
-const PAGE: usize = 1000;
 /// Manifests the committing rank reads at once (the core's `PARALLEL_READS`).
 const PARALLEL_READS: u64 = 64;
-
-/// Requests by kind, and when manifests and the commit record landed.
-#[derive(Debug, Default)]
-struct Counts {
-    puts: AtomicU64,
-    multipart: AtomicU64,
-    gets: AtomicU64,
-    heads: AtomicU64,
-    list_pages: AtomicU64,
-    deletes: AtomicU64,
-    bytes_got: AtomicU64,
-    last_manifest: Mutex<Option<Instant>>,
-    commit: Mutex<Option<Instant>>,
-}
-
-impl Counts {
-    fn total(&self) -> u64 {
-        [
-            &self.puts,
-            &self.multipart,
-            &self.gets,
-            &self.heads,
-            &self.list_pages,
-            &self.deletes,
-        ]
-        .iter()
-        .map(|c| c.load(Ordering::SeqCst))
-        .sum()
-    }
-
-    fn landed(&self, location: &Path) {
-        let now = Some(Instant::now());
-        let key = location.as_ref();
-        let lock = |m: &Mutex<Option<Instant>>| {
-            *m.lock().unwrap_or_else(PoisonError::into_inner) = now;
-        };
-        if key.ends_with("/commit.json") {
-            lock(&self.commit);
-        } else if key.contains("/ranks/rank-") {
-            lock(&self.last_manifest);
-        }
-    }
-}
-
-/// `inner` behind `latency` per request (per page of a listing), every request counted.
-#[derive(Debug)]
-struct Counted {
-    inner: Arc<dyn ObjectStore>,
-    latency: Duration,
-    counts: Arc<Counts>,
-}
-
-impl fmt::Display for Counted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Counted({}, {:?} per request)", self.inner, self.latency)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Counted {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.counts.puts.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.latency).await;
-        let put = self.inner.put_opts(location, payload, opts).await?;
-        self.counts.landed(location);
-        Ok(put)
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.counts.multipart.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.latency).await;
-        Ok(Box::new(CountedUpload {
-            inner: self.inner.put_multipart_opts(location, opts).await?,
-            latency: self.latency,
-            counts: Arc::clone(&self.counts),
-            location: location.clone(),
-        }))
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        let counter = if options.head {
-            &self.counts.heads
-        } else {
-            &self.counts.gets
-        };
-        counter.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.latency).await;
-        let result = self.inner.get_opts(location, options).await?;
-        self.counts
-            .bytes_got
-            .fetch_add(result.range.end - result.range.start, Ordering::SeqCst);
-        Ok(result)
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        let (counts, latency) = (Arc::clone(&self.counts), self.latency);
-        let counted = locations
-            .then(move |location| {
-                counts.deletes.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    tokio::time::sleep(latency).await;
-                    location
-                }
-            })
-            .boxed();
-        self.inner.delete_stream(counted)
-    }
-
-    /// One request per page of [`PAGE`] keys, one after another as continuation tokens make
-    /// them.
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        let (counts, latency) = (Arc::clone(&self.counts), self.latency);
-        let listing = self.inner.list(prefix);
-        futures::stream::once(async move {
-            let all: Vec<_> = listing.collect().await;
-            for _ in 0..all.len().div_ceil(PAGE).max(1) {
-                counts.list_pages.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(latency).await;
-            }
-            futures::stream::iter(all)
-        })
-        .flatten()
-        .boxed()
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.counts.list_pages.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.latency).await;
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.counts.puts.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.latency).await;
-        self.inner.copy_opts(from, to, options).await
-    }
-}
-
-/// A multipart upload whose part and completion requests are counted and delayed.
-#[derive(Debug)]
-struct CountedUpload {
-    inner: Box<dyn MultipartUpload>,
-    latency: Duration,
-    counts: Arc<Counts>,
-    location: Path,
-}
-
-#[async_trait]
-impl MultipartUpload for CountedUpload {
-    fn put_part(&mut self, data: PutPayload) -> UploadPart {
-        self.counts.multipart.fetch_add(1, Ordering::SeqCst);
-        let (part, latency) = (self.inner.put_part(data), self.latency);
-        Box::pin(async move {
-            tokio::time::sleep(latency).await;
-            part.await
-        })
-    }
-
-    async fn complete(&mut self) -> object_store::Result<PutResult> {
-        self.counts.multipart.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.latency).await;
-        let put = self.inner.complete().await?;
-        self.counts.landed(&self.location);
-        Ok(put)
-    }
-
-    async fn abort(&mut self) -> object_store::Result<()> {
-        self.inner.abort().await
-    }
-}
 
 pub(crate) fn ranks_cases(b: &mut Bench<'_>) -> Result<()> {
     if b.args.wants("rank commit") {
@@ -242,12 +43,8 @@ fn simulate(b: &mut Bench<'_>, ranks: u32) -> Result<()> {
     let mut after_last = Vec::new();
     let mut counted = None;
     for run in 0..b.table.runs {
-        let counts = Arc::new(Counts::default());
-        let store = Counted {
-            inner: Arc::new(object_store::memory::InMemory::new()),
-            latency: LATENCY,
-            counts: Arc::clone(&counts),
-        };
+        let store = SlowStore::new(Arc::new(object_store::memory::InMemory::new()), LATENCY);
+        let counts = Arc::clone(store.counts());
         let storage: Arc<dyn Storage> = Arc::new(ObjectStorage::new(Arc::new(store))?);
         let shape = [4 * u64::from(ranks), 256];
         let start = Arc::new(Barrier::new(ranks as usize));
@@ -270,8 +67,9 @@ fn simulate(b: &mut Bench<'_>, ranks: u32) -> Result<()> {
                 .join()
                 .map_err(|_| Error::new(ErrorKind::Io, "a simulated rank panicked"))??;
         }
-        let at = |m: &Mutex<Option<Instant>>| *m.lock().unwrap_or_else(PoisonError::into_inner);
-        let (Some(last), Some(commit)) = (at(&counts.last_manifest), at(&counts.commit)) else {
+        let last = counts.last_landed(|key| key.contains("/ranks/rank-"));
+        let commit = counts.last_landed(|key| key.ends_with("/commit.json"));
+        let (Some(last), Some(commit)) = (last, commit) else {
             return Err(Error::new(
                 ErrorKind::Io,
                 format!("run {run}: no commit seen"),
@@ -329,12 +127,8 @@ fn resharded_load(b: &mut Bench<'_>) -> Result<()> {
         return Ok(());
     };
     let s3 = weightbay_object_store::open_url(&url, std::iter::empty::<(&str, &str)>())?;
-    let counts = Arc::new(Counts::default());
-    let counted = Counted {
-        inner: Arc::clone(s3.store()),
-        latency: Duration::ZERO,
-        counts: Arc::clone(&counts),
-    };
+    let counted = SlowStore::new(Arc::clone(s3.store()), Duration::ZERO);
+    let counts = Arc::clone(counted.counts());
     let storage: Arc<dyn Storage> = Arc::new(
         ObjectStorage::new(Arc::new(counted))?
             .with_prefix(s3.prefix().as_ref())?

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use weightbay::{DType, Reader, Result, Tensor, Writer};
 use weightbay_object_store::{Bridge, ObjectStorage};
 
-use crate::{Bench, Row, io, median, print_runs};
+use crate::Bench;
+use crate::harness::{io, median, print_runs};
+use crate::report::Row;
 
 const TENSORS: u64 = 32;
 const TENSOR_LEN: u64 = 8 << 20; // 256 MiB in all

@@ -1,0 +1,12 @@
+//! The cases, one file per subject.
+
+pub(crate) mod burn;
+pub(crate) mod candle;
+pub(crate) mod encode;
+pub(crate) mod lifecycle;
+pub(crate) mod load;
+pub(crate) mod object_store;
+pub(crate) mod ranks;
+pub(crate) mod remote;
+pub(crate) mod save;
+pub(crate) mod stall;
