@@ -101,6 +101,7 @@ impl AllocationController for LazyRegion {
 
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
         if let Some(cached) = self.cache.get() {
+            // In range: the controller contract has the caller (`Bytes::read_at`) check it.
             buf.copy_from_slice(&cached[offset..offset + buf.len()]);
             return Ok(());
         }
