@@ -15,7 +15,7 @@ use crate::record::{
     CommitRecord, ContainerRecord, MANIFEST_VERSION, RankManifest, RankTensor, Region, encode,
     read_json,
 };
-use crate::recording::Recording;
+use crate::recording::{Recording, Summing};
 
 /// At most this many manifests are read at once while committing.
 const PARALLEL_READS: usize = 64;
@@ -50,12 +50,16 @@ pub type Rendezvous = Arc<dyn Fn() -> Result<bool> + Send + Sync>;
 ///    others report [`RankOutcome::Committing`]. Without the intent every rank that sees all
 ///    would read every manifest: with ranks finishing together that is quadratic (8,027
 ///    reads for 256 simulated ranks, against 256 with it).
-/// 3. A rank whose manifest exists already (a restart, or a second process running as the
-///    same rank) compares contents: the same content is success, its fresh container is
-///    removed, and, being a rerun, it commits whether or not another rank holds the intent
-///    (that rank may have died before committing; two commits racing still make one
-///    record, and the loser checks it); other content is an error naming the rank, so a
-///    checkpoint never mixes two writers' data.
+/// 3. A rank looks for its own manifest before it uploads anything. One that exists already
+///    (a restart, or a second process running as the same rank) is compared with what this
+///    rank would write, its container summed (length, CRC32C) without being uploaded: the
+///    same content is success and, being a rerun, the rank commits whether or not another
+///    rank holds the intent (that rank may have died before committing; two commits racing
+///    still make one record, and the loser checks it); other content is an error naming the
+///    rank, so a checkpoint never mixes two writers' data. A restart after the commit so
+///    moves none of the model's bytes. (A manifest written by another process between the
+///    look and this rank's own create-new is compared the same way, its fresh container
+///    removed.)
 ///
 /// A rank that never finishes leaves the step uncommitted; [`Checkpoints::gc`] removes it
 /// once a newer checkpoint is complete. A framework that has a process group already can
@@ -224,10 +228,11 @@ impl RankOutcome {
 impl Checkpoints {
     /// Saves one rank's part of the checkpoint of `step` and, if this rank is the one that
     /// sees every rank's manifest and creates the commit intent, commits it (see
-    /// [`RankSave`] for the protocol). Costs the container's upload, one create-new for the
-    /// manifest and one listing (a request per 1,000 ranks); a rank that sees every manifest
-    /// adds the intent's create-new, and the one that creates it a read per manifest (64 at a
-    /// time) and the commit record's create-new.
+    /// [`RankSave`] for the protocol). Costs a read of its own manifest (absent, on a first
+    /// run), the container's upload, one create-new for the manifest and one listing (a
+    /// request per 1,000 ranks); a rank that sees every manifest adds the intent's create-new,
+    /// and the one that creates it a read per manifest (64 at a time) and the commit record's
+    /// create-new. A rank whose manifest exists uploads nothing.
     ///
     /// If the committing rank dies between its intent and the record, the step stays
     /// uncommitted with every manifest written until any rank runs again (its rerun commits)
@@ -263,65 +268,80 @@ impl Checkpoints {
         // `save_dir` is `dir` and a token, so the keys written here all start with `dir/`.
         let relative = key[dir.len() + 1..].to_owned();
         let tensors = save.tensors(&relative)?;
+        let (rank, world_size) = (save.rank, save.world_size);
         let metadata = save.writer.metadata().clone();
-        let recording = Recording::new(Arc::clone(&self.storage));
-        let written = save
-            .writer
-            .with_mode(WriteMode::Overwrite)
-            .write_to(&recording, &key);
-        if let Err(e) = written {
-            recording.remove_all();
-            return Err(e);
-        }
-        let manifest = RankManifest {
+        let manifest_of = |containers: Vec<ContainerRecord>| RankManifest {
             weightbay_rank_manifest: MANIFEST_VERSION,
             step,
-            rank: save.rank,
-            world_size: save.world_size,
+            rank,
+            world_size,
             format: format.to_string(),
-            metadata,
-            containers: recording
-                .written()
-                .into_iter()
-                // Written at `key` above, under `dir/` like it.
-                .map(|(key, len, crc32c)| ContainerRecord {
-                    key: key[dir.len() + 1..].to_owned(),
-                    len,
-                    crc32c,
-                })
-                .collect(),
-            tensors,
+            metadata: metadata.clone(),
+            containers,
+            tensors: tensors.clone(),
         };
         let manifest_key = manifest_key(&dir, save.rank, save.world_size);
-        let mut rerun = false;
-        let manifest = match self
-            .storage
-            .write_new(&manifest_key, &encode(&manifest)?, durability)
-        {
-            Ok(()) => manifest,
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                // A restart, or a second process running as this rank: only the same content
-                // may stand in for the manifest written first.
-                recording.remove_all();
-                let first: RankManifest =
-                    read_json(self.storage.as_ref(), &manifest_key, "rank manifest")?;
-                if !same_content(&first, &manifest) {
-                    return Err(Error::new(
-                        ErrorKind::AlreadyExists,
-                        format!(
-                            "rank {} of step {step}: a manifest with other content is written \
-                             already (is another process running as rank {}?)",
-                            save.rank, save.rank
-                        ),
-                    )
-                    .with_key(&manifest_key));
-                }
-                rerun = true;
-                first
+        // A rank that ran before (a restart, or a second process running as this rank) finds
+        // its manifest first and compares what it would write, summed without uploading: a
+        // restart after a commit moves none of the model's bytes.
+        let (manifest, rerun) = match read_json::<RankManifest>(
+            self.storage.as_ref(),
+            &manifest_key,
+            "rank manifest",
+        ) {
+            Ok(first) => {
+                let mut summing = Summing::default();
+                let len = save.writer.write_to_sink(&mut summing)?;
+                let planned = manifest_of(vec![ContainerRecord {
+                    key: relative,
+                    len,
+                    crc32c: summing.crc32c(),
+                }]);
+                check_same(&first, &planned, &manifest_key)?;
+                (first, true)
             }
-            // The manifest may have been written all the same (a request whose answer was
-            // lost), naming this container: it stays, a rerun finds the manifest and reuses
-            // it, and `gc` removes the container if nothing names it.
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let recording = Recording::new(Arc::clone(&self.storage));
+                let written = save
+                    .writer
+                    .with_mode(WriteMode::Overwrite)
+                    .write_to(&recording, &key);
+                if let Err(e) = written {
+                    recording.remove_all();
+                    return Err(e);
+                }
+                let manifest = manifest_of(
+                    recording
+                        .written()
+                        .into_iter()
+                        // Written at `key` above, under `dir/` like it.
+                        .map(|(key, len, crc32c)| ContainerRecord {
+                            key: key[dir.len() + 1..].to_owned(),
+                            len,
+                            crc32c,
+                        })
+                        .collect(),
+                );
+                match self
+                    .storage
+                    .write_new(&manifest_key, &encode(&manifest)?, durability)
+                {
+                    Ok(()) => (manifest, false),
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                        // Another process running as this rank wrote it since: only the same
+                        // content may stand in for the manifest written first.
+                        recording.remove_all();
+                        let first: RankManifest =
+                            read_json(self.storage.as_ref(), &manifest_key, "rank manifest")?;
+                        check_same(&first, &manifest, &manifest_key)?;
+                        (first, true)
+                    }
+                    // The manifest may have been written all the same (a request whose answer
+                    // was lost), naming this container: it stays, a rerun finds the manifest
+                    // and reuses it, and `gc` removes the container if nothing names it.
+                    Err(e) => return Err(e),
+                }
+            }
             Err(e) => return Err(e),
         };
         let outcome = match &save.rendezvous {
@@ -430,6 +450,23 @@ fn same_content(a: &RankManifest, b: &RankManifest) -> bool {
         m
     };
     placeless(a) == placeless(b)
+}
+
+/// Fails with [`ErrorKind::AlreadyExists`], naming the rank, unless `planned` holds the same
+/// content as `first`, the manifest written first at `key`.
+fn check_same(first: &RankManifest, planned: &RankManifest, key: &str) -> Result<()> {
+    if same_content(first, planned) {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::AlreadyExists,
+        format!(
+            "rank {} of step {}: a manifest with other content is written already (is another \
+             process running as rank {}?)",
+            planned.rank, planned.step, planned.rank
+        ),
+    )
+    .with_key(key))
 }
 
 /// Fails unless `record` holds `manifest`'s containers and slices as written.

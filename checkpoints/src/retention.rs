@@ -165,11 +165,14 @@ impl Checkpoints {
                 .unwrap_or(0);
             let manifests =
                 (0..world_size).map(|rank| layout::manifest_key(&dir, rank, world_size));
+            // A multi-rank step keeps its commit intent: it is part of the step, not an orphan.
+            let intent = (world_size > 0).then(|| layout::intent_key(&dir));
             let named: BTreeSet<String> = status
                 .record
                 .iter()
                 .flat_map(|r| r.containers.iter().map(|c| format!("{dir}/{}", c.key)))
                 .chain(manifests)
+                .chain(intent)
                 .chain(std::iter::once(layout::record_key(&dir)))
                 .collect();
             for listed in self.storage.list(&dir)? {

@@ -64,6 +64,12 @@ pub trait Harness: Send + Sync + 'static {
         None
     }
 
+    /// How many keys one page of the backend's listing holds at most (object stores answer
+    /// 1,000 a request), so the listing case writes more than fit in one. Default 1,000.
+    fn listing_page_size(&self) -> usize {
+        1000
+    }
+
     /// A container length that the backend writes as several pieces (multipart parts, pages,
     /// blocks), so the round-trip, overwrite, create-new and crash cases check how the pieces
     /// are joined. Default 300,000 bytes.

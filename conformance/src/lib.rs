@@ -45,12 +45,12 @@
 pub mod alloc;
 mod case;
 pub mod cases;
-pub mod faulty;
+mod faulty;
 mod harness;
 pub mod model;
 pub mod ranked;
 mod servers;
-pub mod sim_disk;
+mod sim_disk;
 pub mod strategies;
 mod suite;
 mod support;

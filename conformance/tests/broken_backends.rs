@@ -181,3 +181,51 @@ fn a_case_that_cannot_run_fails_unless_declared() {
         .expect_err("a declared skip that ran passed");
     assert!(message.contains("remove it from the list"), "{message}");
 }
+
+#[test]
+fn a_writer_failing_while_readers_race_it_fails_the_readers_case_and_ends() {
+    // The writer's second overwrite fails: the case must fail naming the step, not spin.
+    let message = failure_of(
+        &broken(Defect::FailsAfterThreeCommits),
+        Case::ReadersKeepTheirVersion,
+        "readers_keep_their_version",
+    );
+    assert!(message.contains("writer, round 1"), "{message}");
+    assert!(message.contains("refuses writes"), "{message}");
+}
+
+#[test]
+fn listing_committed_containers_as_pending_fails_the_capabilities_case() {
+    let message = failure_of(
+        &broken(Defect::PendingListsCommitted),
+        Case::UndeclaredCapabilitiesAreUnsupported,
+        "undeclared_capabilities_are_unsupported",
+    );
+    assert!(
+        message.contains("no write is in progress, but pending() lists"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_listing_of_one_page_fails_the_listing_case() {
+    let message = failure_of(
+        &broken(Defect::ListsOnePage),
+        Case::ListingSpansPages,
+        "listing_spans_pages",
+    );
+    assert!(message.contains("the listing gives 1000"), "{message}");
+}
+
+#[test]
+fn a_source_with_one_shared_cursor_fails_the_shared_sources_case() {
+    let message = failure_of(
+        &broken(Defect::SharedCursor),
+        Case::SourcesAreSharedBetweenThreads,
+        "sources_are_shared_between_threads",
+    );
+    assert!(
+        message.contains("gave other bytes while other threads read the same source"),
+        "{message}"
+    );
+}

@@ -218,7 +218,7 @@ fn rebuilding_errors_from_their_text_fails_the_file_system_fault_case() {
 #[test]
 fn copying_instead_of_renaming_fails_the_process_crash_case() {
     let harness = LocalWith::new(FsDefect::CopiesInsteadOfRenaming);
-    let this_test = weightbay_conformance::cases::test_path(
+    let this_test = weightbay_conformance::cases::crash::test_path(
         module_path!(),
         "copying_instead_of_renaming_fails_the_process_crash_case",
     );

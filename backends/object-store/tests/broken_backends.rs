@@ -57,3 +57,22 @@ fn ignoring_the_pinned_version_fails_the_readers_case() {
         "{message}"
     );
 }
+
+#[test]
+fn a_copy_that_ignores_its_condition_fails_the_interleaved_commits_case() {
+    // Small containers are created with a conditional PUT, which this store honours; only the
+    // staged upload of a several-parts container goes through the copy.
+    let message = failure_of(
+        &DefectiveStore(StoreDefect::IgnoresCopyCondition),
+        Case::InterleavedCommitsResolveInOrder,
+        "interleaved_commits_resolve_in_order",
+    );
+    assert!(
+        message.contains("CreateNew of two several-parts containers"),
+        "{message}"
+    );
+    assert!(
+        message.contains("must fail with AlreadyExists"),
+        "{message}"
+    );
+}

@@ -10,8 +10,6 @@ pub mod ranks;
 pub mod reads;
 pub mod writes;
 
-pub use crash::test_path;
-
 use crate::case::{Case, with_cases};
 use crate::harness::Harness;
 use crate::support::Outcome;

@@ -2,14 +2,28 @@
 //! that agree with single ones, and hostile containers that fail cleanly.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use weightbay::{CreateOptions, ErrorKind, Reader, Storage};
+use weightbay::{CreateOptions, Durability, ErrorKind, Reader, Storage};
 
 use crate::Harness;
 use crate::strategies::sample;
 use crate::support::{KEY, Outcome, fail, run_property, several_parts};
+
+/// The most reads a reader racing the writer makes, so a writer that never finishes cannot keep
+/// the readers going for ever.
+const MAX_RACING_READS: u64 = 100_000;
+
+/// Clears the flag it holds when dropped, on unwinding too.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
 
 /// A source opened before an overwrite keeps reading the old container, or fails with
 /// [`ErrorKind::Changed`], never the new bytes: checked on a read past what the backend may
@@ -58,23 +72,25 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcom
             e.kind()
         ),
     }
-    let writing = std::sync::atomic::AtomicBool::new(true);
+    let writing = AtomicBool::new(true);
     std::thread::scope(|scope| {
         let writer = scope.spawn(|| {
+            // However the writer ends, a failure included, the readers stop: a failing writer
+            // must fail the case, not leave it spinning.
+            let _stop = StopOnDrop(&writing);
             for round in 0..20 {
                 let v = round % 4;
                 version(v, v as u8)
                     .writer()
                     .write_to(&storage, KEY)
-                    .unwrap_or_else(|e| fail!(case, "writer: {e}"));
+                    .unwrap_or_else(|e| fail!(case, "writer, round {round}: {e}"));
             }
-            writing.store(false, std::sync::atomic::Ordering::SeqCst);
         });
         let readers: Vec<_> = (0..2)
             .map(|_| {
                 scope.spawn(|| {
                 let mut reads = 0;
-                while reads < 40 || writing.load(std::sync::atomic::Ordering::SeqCst) {
+                while reads < 40 || (writing.load(Ordering::SeqCst) && reads < MAX_RACING_READS) {
                     reads += 1;
                     let source = storage.open(KEY).unwrap_or_else(|e| {
                         fail!(
@@ -235,6 +251,130 @@ pub fn corrupt_containers_fail_cleanly<H: Harness>(harness: &H, case: &str) -> O
                 }
             }
         }
+    }
+    Outcome::Checked
+}
+
+/// One source read from several threads at once, by single and batched reads of ranges all
+/// over it: every read gives exactly the bytes it names, as a source with one shared file
+/// cursor would not.
+pub fn sources_are_shared_between_threads<H: Harness>(harness: &H, case: &str) -> Outcome {
+    const THREADS: u64 = 4;
+    const READS: u64 = 50;
+    let storage = harness.fresh();
+    let spec = several_parts(harness, 5);
+    let bytes = spec.bytes();
+    spec.writer()
+        .write_to(&storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "write: {e}"));
+    let source = storage
+        .open(KEY)
+        .unwrap_or_else(|e| fail!(case, "open: {e}"));
+    let len = bytes.len() as u64;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let (source, bytes) = (&source, &bytes);
+                scope.spawn(move || {
+                    for read in 0..READS {
+                        // Ranges spread over the container, different in every thread.
+                        let start = (thread * 7919 + read * 104_729) % len;
+                        let end = (start + 1 + (read * 31 + thread) % 70_000).min(len);
+                        let expected = &bytes[start as usize..end as usize];
+                        let mut single = vec![0; expected.len()];
+                        source.read_at(start, &mut single).unwrap_or_else(|e| {
+                            fail!(case, "thread {thread}, read {read}: read_at: {e}")
+                        });
+                        if single != expected {
+                            fail!(
+                                case,
+                                "thread {thread}, read {read}: read_at of {start}..{end} gave other bytes while other threads read the same source"
+                            );
+                        }
+                        let other = (start / 2)..(start / 2 + 100).min(len);
+                        let fetched = source
+                            .fetch(&[start..end, other.clone()])
+                            .and_then(|got| got.iter().map(|b| b.to_vec()).collect::<Result<Vec<_>, _>>())
+                            .unwrap_or_else(|e| {
+                                fail!(case, "thread {thread}, read {read}: fetch: {e}")
+                            });
+                        let wanted = [expected, &bytes[other.start as usize..other.end as usize]];
+                        if fetched.iter().map(Vec::as_slice).ne(wanted) {
+                            fail!(
+                                case,
+                                "thread {thread}, read {read}: fetch of {start}..{end} and {other:?} gave other bytes while other threads read the same source"
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            if let Err(panic) = thread.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    Outcome::Checked
+}
+
+/// Listing more keys than one page of the backend's listing holds gives every one of them, and
+/// a prefix lists its own directory only, not keys that merely start with the same string
+/// (`run/1` is not `run/10/…` nor `run/1x`).
+pub fn listing_spans_pages<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let storage = harness.fresh();
+    if !storage.capabilities().listing {
+        return Outcome::NotApplicable("the backend does not list its containers".into());
+    }
+    let count = harness.listing_page_size() + 5;
+    let options = CreateOptions::default().with_durability(Durability::Flushed);
+    let put = |key: &str| {
+        let mut sink = storage
+            .create(key, &options)
+            .unwrap_or_else(|e| fail!(case, "create `{key}`: {e}"));
+        sink.write(key.as_bytes())
+            .unwrap_or_else(|e| fail!(case, "write `{key}`: {e}"));
+        sink.commit()
+            .unwrap_or_else(|e| fail!(case, "commit `{key}`: {e}"));
+    };
+    let keys: Vec<String> = (0..count).map(|i| format!("many/{i:05}.bpk")).collect();
+    for key in &keys {
+        put(key);
+    }
+    let listed: Vec<String> = storage
+        .list("many")
+        .unwrap_or_else(|e| fail!(case, "list `many`: {e}"))
+        .into_iter()
+        .map(|l| l.key)
+        .collect();
+    if listed != keys {
+        fail!(
+            case,
+            "{count} keys under `many`, more than a page of {}: the listing gives {} (last: {:?})",
+            harness.listing_page_size(),
+            listed.len(),
+            listed.last()
+        );
+    }
+    for key in [
+        "run/1/a.bpk",
+        "run/10/b.bpk",
+        "run/1x.bpk",
+        "run/1/sub/c.bpk",
+    ] {
+        put(key);
+    }
+    let under: Vec<String> = storage
+        .list("run/1")
+        .unwrap_or_else(|e| fail!(case, "list `run/1`: {e}"))
+        .into_iter()
+        .map(|l| l.key)
+        .collect();
+    if under != ["run/1/a.bpk", "run/1/sub/c.bpk"] {
+        fail!(
+            case,
+            "list(\"run/1\") gives {under:?}, not the two keys in directory run/1"
+        );
     }
     Outcome::Checked
 }

@@ -8,8 +8,8 @@ use std::sync::{Arc, Barrier};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use weightbay::{
-    Bytes, CreateOptions, DType, Durability, ErrorKind, Reader, ShardedWeights, ShardedWriter,
-    Storage, Tensor, WeightComponentSpec, WeightSource, WriteMode, Writer,
+    Bytes, CreateOptions, DType, Durability, ErrorKind, Listed, Reader, ShardedWeights,
+    ShardedWriter, Storage, Tensor, WeightComponentSpec, WeightSource, WriteMode, Writer,
 };
 
 use crate::model::{KEYS, Model, Op};
@@ -272,7 +272,9 @@ pub fn create_new_refuses_existing<H: Harness>(harness: &H, case: &str) -> Outco
 }
 
 /// Writers racing to create-new the same key: exactly one wins; the others get AlreadyExists;
-/// the winner's bytes are intact.
+/// the winner's bytes are intact. (Containers of several parts go through the deterministic
+/// `interleaved_commits_resolve_in_order`: moto, the S3 server the tests run, lets several
+/// concurrent conditional multipart completions win, which real S3 does not.)
 pub fn create_new_race_has_one_winner<H: Harness>(harness: &H, case: &str) -> Outcome {
     let storage = harness.fresh();
     if !storage.capabilities().atomic_create_new {
@@ -340,6 +342,74 @@ pub fn create_new_race_has_one_winner<H: Harness>(harness: &H, case: &str) -> Ou
     Outcome::Checked
 }
 
+/// Two sinks open on one key at once, committed one after the other in both orders, with no
+/// thread and no luck involved: an overwrite leaves the key holding exactly the container
+/// committed last; create-new (where declared) lets the first commit win and refuses the second
+/// with AlreadyExists, for small containers and for ones of several parts (a multipart upload
+/// published by a conditional copy or complete), leaving nothing pending.
+pub fn interleaved_commits_resolve_in_order<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let small = [sample(&[1200, 30], 1), sample(&[800, 900], 2)];
+    let large = [several_parts(harness, 3), several_parts(harness, 4)];
+    let create_new = harness.fresh().capabilities().atomic_create_new;
+    let mut plans = vec![(WriteMode::Overwrite, "small", &small)];
+    if create_new {
+        plans.push((WriteMode::CreateNew, "small", &small));
+        plans.push((WriteMode::CreateNew, "several-parts", &large));
+    }
+    for (mode, size, pair) in plans {
+        for first in [0, 1] {
+            let second = 1 - first;
+            let context =
+                format!("{mode:?} of two {size} containers, sink {first} committed first");
+            let storage = harness.fresh();
+            let options = CreateOptions::default().with_mode(mode);
+            let mut sinks: Vec<_> = pair
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| {
+                    let options = options.with_expected_len(spec.bytes().len() as u64);
+                    let mut sink = storage
+                        .create(KEY, &options)
+                        .unwrap_or_else(|e| fail!(case, "{context}: create of sink {i}: {e}"));
+                    sink.write(&spec.bytes())
+                        .unwrap_or_else(|e| fail!(case, "{context}: write to sink {i}: {e}"));
+                    Some(sink)
+                })
+                .collect();
+            let mut commit = |i: usize| {
+                sinks[i]
+                    .take()
+                    .map(|sink| sink.commit())
+                    .unwrap_or_else(|| fail!(case, "{context}: sink {i} committed twice"))
+            };
+            if let Err(e) = commit(first) {
+                fail!(case, "{context}: the first commit failed: {e}");
+            }
+            let later = commit(second);
+            let holds = match (mode, later) {
+                (WriteMode::CreateNew, Err(e)) if e.kind() == ErrorKind::AlreadyExists => first,
+                (WriteMode::CreateNew, other) => fail!(
+                    case,
+                    "{context}: the second create-new commit must fail with AlreadyExists, got {:?}",
+                    other.map_err(|e| e.to_string())
+                ),
+                (_, Ok(())) => second,
+                (_, Err(e)) => fail!(case, "{context}: the second overwrite failed: {e}"),
+            };
+            let reopened = harness.reopen(&storage);
+            assert_holds_one_of(
+                case,
+                &context,
+                &reopened,
+                KEY,
+                &[Some(&pair[holds].bytes())],
+            );
+            assert_nothing_pending(case, &context, &reopened);
+        }
+    }
+    Outcome::Checked
+}
+
 /// Options the backend does not declare are refused with Unsupported before anything is
 /// written; declared ones work.
 pub fn undeclared_capabilities_are_unsupported<H: Harness>(harness: &H, case: &str) -> Outcome {
@@ -387,9 +457,20 @@ pub fn undeclared_capabilities_are_unsupported<H: Harness>(harness: &H, case: &s
             ),
         }
     }
-    let pending = storage.pending();
-    match (capabilities.pending_listing, pending) {
-        (true, Ok(_)) => {}
+    // What they answer must be what is there, not any answer: one container, nothing pending.
+    spec.writer()
+        .write_to(&storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "write: {e}"));
+    let held = vec![Listed {
+        key: KEY.to_owned(),
+        len: spec.bytes().len() as u64,
+    }];
+    match (capabilities.pending_listing, storage.pending()) {
+        (true, Ok(pending)) if pending.is_empty() => {}
+        (true, Ok(pending)) => fail!(
+            case,
+            "no write is in progress, but pending() lists {pending:?}"
+        ),
         (false, Err(e)) if e.kind() == ErrorKind::Unsupported => {}
         (true, Err(e)) => fail!(case, "pending listing is declared but failed: {e}"),
         (false, Err(e)) => fail!(
@@ -403,7 +484,11 @@ pub fn undeclared_capabilities_are_unsupported<H: Harness>(harness: &H, case: &s
         ),
     }
     match (capabilities.listing, storage.list("")) {
-        (true, Ok(_)) => {}
+        (true, Ok(listed)) if listed == held => {}
+        (true, Ok(listed)) => fail!(
+            case,
+            "the storage holds {held:?}, but list(\"\") answers {listed:?}"
+        ),
         (false, Err(e)) if e.kind() == ErrorKind::Unsupported => {}
         (true, Err(e)) => fail!(case, "listing is declared but failed: {e}"),
         (false, Err(e)) => fail!(

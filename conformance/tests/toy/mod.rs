@@ -33,12 +33,23 @@ pub(crate) enum Defect {
     /// `list("dir")` matches keys by string prefix, as a naive object-store listing does, so
     /// `dir2/x` and `directory` show under `dir`.
     ListsByStringPrefix,
+    /// Declares a listing of unfinished writes, and lists the committed containers in it.
+    PendingListsCommitted,
+    /// After three commits every commit fails, as a store that starts refusing writes does.
+    FailsAfterThreeCommits,
+    /// A listing returns its first page of 1,000 keys only, as a client that ignores the
+    /// continuation token does.
+    ListsOnePage,
+    /// A source reads through one cursor it shares: seek, then read, as a file handle without
+    /// `pread` does, so threads reading it at once get each other's bytes.
+    SharedCursor,
 }
 
 #[derive(Debug, Default)]
 struct Objects {
     current: HashMap<String, Arc<[u8]>>,
     first: HashMap<String, Arc<[u8]>>,
+    commits: u64,
 }
 
 /// Containers in a `HashMap`. Clones share the map.
@@ -70,7 +81,12 @@ impl Storage for HashMapStorage {
     fn capabilities(&self) -> Capabilities {
         // A deliberate choice: race-free create-new (one lock), nothing durable, no in-place
         // writes. The suite checks that the undeclared ones are refused.
-        Capabilities::NONE.with_atomic_create_new().with_listing()
+        let capabilities = Capabilities::NONE.with_atomic_create_new().with_listing();
+        if self.defect == Some(Defect::PendingListsCommitted) {
+            capabilities.with_pending_listing()
+        } else {
+            capabilities
+        }
     }
 
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
@@ -100,12 +116,23 @@ impl Storage for HashMapStorage {
         if self.defect == Some(Defect::RefusesUnknownContent) && !bytes.starts_with(b"NRUB") {
             return Err(Error::invalid("not a Burnpack container").with_key(key));
         }
-        Ok(Arc::new(HashMapSource(bytes)))
+        let cursor = (self.defect == Some(Defect::SharedCursor)).then(|| Mutex::new(0));
+        Ok(Arc::new(HashMapSource { bytes, cursor }))
     }
 
     fn pending(&self) -> Result<Vec<String>> {
+        if self.defect == Some(Defect::PendingListsCommitted) {
+            return Ok(self.lock().current.keys().cloned().collect());
+        }
         if self.defect == Some(Defect::PendingFailsAsIo) {
             return Err(Error::new(ErrorKind::Io, "no pending listing here"));
+        }
+        Err(Error::unsupported("no pending listing"))
+    }
+
+    fn clean_pending(&self) -> Result<Vec<String>> {
+        if self.defect == Some(Defect::PendingListsCommitted) {
+            return Ok(Vec::new());
         }
         Err(Error::unsupported("no pending listing"))
     }
@@ -130,6 +157,9 @@ impl Storage for HashMapStorage {
             })
             .collect();
         listed.sort();
+        if self.defect == Some(Defect::ListsOnePage) {
+            listed.truncate(1000);
+        }
         Ok(listed)
     }
 
@@ -171,6 +201,12 @@ impl Sink for HashMapSink {
         let check = self.create_new && self.storage.defect != Some(Defect::IgnoresCreateNew);
         // Check and insert under one lock: that is what makes create-new race-free.
         let mut objects = self.storage.lock();
+        if self.storage.defect == Some(Defect::FailsAfterThreeCommits) && objects.commits >= 3 {
+            return Err(
+                Error::new(ErrorKind::Io, "the store refuses writes now").with_key(&self.key)
+            );
+        }
+        objects.commits += 1;
         if check && objects.current.contains_key(&self.key) {
             return Err(Error::new(ErrorKind::AlreadyExists, "key is taken").with_key(&self.key));
         }
@@ -192,18 +228,36 @@ impl Sink for HashMapSink {
 }
 
 #[derive(Debug)]
-struct HashMapSource(Arc<[u8]>);
+struct HashMapSource {
+    bytes: Arc<[u8]>,
+    /// With [`Defect::SharedCursor`], where the next read starts.
+    cursor: Option<Mutex<u64>>,
+}
 
 impl Source for HashMapSource {
     fn len(&self) -> u64 {
-        self.0.len() as u64
+        self.bytes.len() as u64
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let end = offset.saturating_add(buf.len() as u64);
         check_range(&(offset..end), self.len())?;
+        let start = match &self.cursor {
+            Some(cursor) => {
+                // Seek, then read: another thread may seek in between.
+                *cursor
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = offset;
+                std::thread::yield_now();
+                let at = *cursor
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                at.min(self.len() - buf.len() as u64)
+            }
+            None => offset,
+        };
         // In range, so both ends fit in usize.
-        buf.copy_from_slice(&self.0[offset as usize..end as usize]);
+        buf.copy_from_slice(&self.bytes[start as usize..start as usize + buf.len()]);
         Ok(())
     }
 }

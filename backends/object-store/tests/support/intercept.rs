@@ -13,8 +13,8 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+    CopyMode, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
 };
 use weightbay_conformance::{FaultPlan, InjectedFault};
 
@@ -25,6 +25,9 @@ pub(crate) enum StoreDefect {
     DropsSecondPart,
     /// Reads ignore `If-Match` and the version they pin, and serve whatever is there now.
     IgnoresPinnedVersion,
+    /// A conditional copy (create if absent) copies over whatever is there: how a store without
+    /// the condition on that path publishes a staged create-new upload.
+    IgnoresCopyCondition,
 }
 
 /// `inner` with `plan` applied to each request and `defect`, if any, switched on.
@@ -182,6 +185,11 @@ impl ObjectStore for Intercepted {
         to: &Path,
         options: CopyOptions,
     ) -> object_store::Result<()> {
+        let options = if self.defect == Some(StoreDefect::IgnoresCopyCondition) {
+            CopyOptions::new().with_mode(CopyMode::Overwrite)
+        } else {
+            options
+        };
         Self::request(&self.plan, "copy", self.inner.copy_opts(from, to, options)).await
     }
 }
