@@ -337,16 +337,19 @@ pub fn listing_spans_pages<H: Harness>(harness: &H, case: &str) -> Outcome {
         sink.commit()
             .unwrap_or_else(|e| fail!(case, "commit `{key}`: {e}"));
     };
+    let keys_under = |prefix: &str| -> Vec<String> {
+        storage
+            .list(prefix)
+            .unwrap_or_else(|e| fail!(case, "list `{prefix}`: {e}"))
+            .into_iter()
+            .map(|l| l.key)
+            .collect()
+    };
     let keys: Vec<String> = (0..count).map(|i| format!("many/{i:05}.bpk")).collect();
     for key in &keys {
         put(key);
     }
-    let listed: Vec<String> = storage
-        .list("many")
-        .unwrap_or_else(|e| fail!(case, "list `many`: {e}"))
-        .into_iter()
-        .map(|l| l.key)
-        .collect();
+    let listed = keys_under("many");
     if listed != keys {
         fail!(
             case,
@@ -364,12 +367,7 @@ pub fn listing_spans_pages<H: Harness>(harness: &H, case: &str) -> Outcome {
     ] {
         put(key);
     }
-    let under: Vec<String> = storage
-        .list("run/1")
-        .unwrap_or_else(|e| fail!(case, "list `run/1`: {e}"))
-        .into_iter()
-        .map(|l| l.key)
-        .collect();
+    let under = keys_under("run/1");
     if under != ["run/1/a.bpk", "run/1/sub/c.bpk"] {
         fail!(
             case,
