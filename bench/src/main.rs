@@ -115,7 +115,12 @@ pub(crate) const CASES: &[Case] = &[
     ),
     (&["async"], cases::stall::async_stall),
     (
-        &["background save", "latest", "checkpoint verify"],
+        &[
+            "background save",
+            "latest",
+            "latest after a long history",
+            "checkpoint verify",
+        ],
         cases::lifecycle::lifecycle_cases,
     ),
     (&["candle"], cases::candle::candle_cases),

@@ -75,6 +75,22 @@ impl LocalStorage {
         &self.root
     }
 
+    /// Creates the scratch file in `parent`, creating `parent` again if a delete of its last
+    /// key removed it between this save's `create_dir_all` and now.
+    fn create_scratch(&self, parent: &Path, scratch: &Path) -> io::Result<Box<dyn FileHandle>> {
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            match self.fs.create_new(scratch) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < ATTEMPTS => {
+                    self.fs.create_dir_all(parent)?;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
     fn path(&self, key: &str) -> Result<PathBuf> {
         validate_key(key)?;
         let file_name = key.rsplit('/').next().unwrap_or(key);
@@ -275,7 +291,7 @@ impl Storage for LocalStorage {
             std::process::id(),
             NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed)
         ));
-        let file = self.fs.create_new(&scratch).map_err(|e| {
+        let file = self.create_scratch(&parent, &scratch).map_err(|e| {
             remove_new_dirs(self.fs.as_ref(), &new_dirs);
             io_error("creating", &scratch, e)
         })?;
@@ -309,15 +325,29 @@ impl Storage for LocalStorage {
         }))))
     }
 
+    /// Removes the file, then each directory above it that this leaves empty, up to the root,
+    /// each removal made durable in its parent: retention and gc would otherwise leave a run's
+    /// whole history as empty directories that every listing walks.
     fn delete(&self, key: &str) -> Result<()> {
         let path = self.path(key)?;
         self.fs
             .remove_file(&path)
             .map_err(|e| io_error("removing", &path, e).with_key(key))?;
-        let parent = path.parent().unwrap_or(&self.root);
-        self.fs
-            .sync_dir(parent)
-            .map_err(|e| io_error("syncing directory", parent, e))
+        let mut dir = path.parent().unwrap_or(&self.root);
+        loop {
+            self.fs
+                .sync_dir(dir)
+                .map_err(|e| io_error("syncing directory", dir, e))?;
+            let Some(parent) = dir.parent().filter(|_| dir != self.root) else {
+                return Ok(());
+            };
+            // Fails, and so stops the walk, while the directory holds anything: another key,
+            // or the scratch file of a save under way (which `create` retries for).
+            if self.fs.remove_dir(dir).is_err() {
+                return Ok(());
+            }
+            dir = parent;
+        }
     }
 
     fn pending(&self) -> Result<Vec<String>> {

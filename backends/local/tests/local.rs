@@ -307,3 +307,106 @@ fn a_local_failure_keeps_its_io_cause() {
         (ErrorKind::NotFound, Some("missing.bpk"))
     );
 }
+
+/// Retention and gc delete a run's old checkpoints key by key; the directories they leave
+/// must go too, or every listing walks the run's whole history.
+#[test]
+fn deleting_the_last_key_of_a_directory_removes_the_directories_left_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    container(1, 10)
+        .write_to(&storage, "run/step-1/save/model.bpk")
+        .unwrap();
+    container(2, 10).write_to(&storage, "run/keep.bpk").unwrap();
+    storage.delete("run/step-1/save/model.bpk").unwrap();
+    assert!(!dir.path().join("run/step-1").exists(), "step-1/ is left");
+    assert!(dir.path().join("run/keep.bpk").exists());
+    storage.delete("run/keep.bpk").unwrap();
+    assert!(!dir.path().join("run").exists(), "run/ is left");
+    assert!(dir.path().exists(), "the storage's root is never removed");
+}
+
+/// The standard file system, but the first scratch file created runs `before` first: the
+/// moment a delete of a directory's last key can fall between a save's `create_dir_all` and
+/// its scratch file.
+struct DeleteFirst {
+    before: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for DeleteFirst {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeleteFirst")
+    }
+}
+
+impl weightbay::backend_kit::FileSystem for DeleteFirst {
+    fn create_new(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Box<dyn weightbay::backend_kit::FileHandle>> {
+        if let Some(before) = self.before.lock().unwrap().take() {
+            before();
+        }
+        weightbay_local::StdFileSystem.create_new(path)
+    }
+    fn create_truncate(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Box<dyn weightbay::backend_kit::FileHandle>> {
+        weightbay_local::StdFileSystem.create_truncate(path)
+    }
+    fn open(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Box<dyn weightbay::backend_kit::FileHandle>> {
+        weightbay_local::StdFileSystem.open(path)
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.rename(from, to)
+    }
+    fn hard_link(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.hard_link(from, to)
+    }
+    fn remove_file(&self, path: &std::path::Path) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.remove_file(path)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.sync_dir(dir)
+    }
+    fn list_dir(&self, dir: &std::path::Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+        weightbay_local::StdFileSystem.list_dir(dir)
+    }
+    fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.create_dir_all(dir)
+    }
+    fn remove_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.remove_dir(dir)
+    }
+    fn copy_permissions(
+        &self,
+        from: &std::path::Path,
+        to: &std::path::Path,
+    ) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.copy_permissions(from, to)
+    }
+}
+
+#[test]
+fn a_save_whose_directory_a_delete_removes_meanwhile_still_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = LocalStorage::new(dir.path());
+    container(1, 10).write_to(&plain, "run/old.bpk").unwrap();
+    let deleter = plain.clone();
+    let racing = LocalStorage::with_file_system(
+        dir.path(),
+        std::sync::Arc::new(DeleteFirst {
+            before: std::sync::Mutex::new(Some(Box::new(move || {
+                deleter.delete("run/old.bpk").unwrap();
+            }))),
+        }),
+    );
+    container(2, 10).write_to(&racing, "run/new.bpk").unwrap();
+    assert!(!dir.path().join("run/old.bpk").exists());
+    let reader = Reader::open(plain.open("run/new.bpk").unwrap()).unwrap();
+    assert_eq!(reader.read("w").unwrap(), vec![2; 10]);
+}

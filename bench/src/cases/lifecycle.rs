@@ -18,6 +18,10 @@ use crate::report::Row;
 
 /// The goal for `latest()` over 1,000 checkpoints on the local backend.
 const LATEST_GOAL: Duration = Duration::from_millis(50);
+/// Checkpoints saved over the long history, keeping the last [`KEPT`].
+const HISTORY: u64 = 100_000;
+/// Checkpoints both prefixes keep.
+const KEPT: usize = 5;
 
 pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
     let dir = b.dir.join("lifecycle");
@@ -100,6 +104,9 @@ pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
             bytes: 0,
         });
     }
+    if b.args.wants("latest after a long history") {
+        latest_after_history(b, &storage)?;
+    }
     if b.args.wants("checkpoint verify") {
         let checkpoints = Checkpoints::over(Arc::clone(&storage), "verify");
         let checkpoint = match checkpoints.latest()? {
@@ -128,5 +135,60 @@ pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
             },
         )?;
     }
+    Ok(())
+}
+
+/// `latest()` on a prefix that held [`HISTORY`] checkpoints over its life, retention keeping
+/// the last [`KEPT`] (run every 1,000 saves, as a training loop would), against a prefix that
+/// only ever held [`KEPT`]: what retention and gc leave behind must not slow the resume.
+fn latest_after_history(b: &mut Bench<'_>, storage: &Arc<dyn weightbay::Storage>) -> Result<()> {
+    let save = |checkpoints: &Checkpoints, step: u64| {
+        let tensor = Tensor::new("w", DType::U8, [16], vec![step as u8; 16]);
+        checkpoints
+            .save(
+                step,
+                Writer::new(vec![tensor]).with_durability(Durability::Flushed),
+            )
+            .map(drop)
+    };
+    let long = Checkpoints::over(Arc::clone(storage), "history");
+    if long.steps()?.last() != Some(&HISTORY) {
+        let started = Instant::now();
+        for step in 1..=HISTORY {
+            save(&long, step)?;
+            if step % 1000 == 0 {
+                long.retain(&Retention::keep_last(KEPT))?;
+                long.gc()?;
+            }
+        }
+        println!(
+            "  saved {HISTORY} checkpoints, keeping the last {KEPT}, in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let short = Checkpoints::over(Arc::clone(storage), "short");
+    if short.steps()?.len() < KEPT {
+        for step in (HISTORY - KEPT as u64 + 1)..=HISTORY {
+            save(&short, step)?;
+        }
+    }
+    let latest = |checkpoints: &Checkpoints| {
+        timed(|| {
+            black_box(checkpoints.latest()?);
+            Ok(())
+        })
+    };
+    let (history, fresh) = paired(
+        b.table.runs.max(5),
+        Start::Cached,
+        || latest(&long),
+        || latest(&short),
+    )?;
+    b.table.push(Row {
+        case: format!("checkpoint latest() after {HISTORY} saves, the last {KEPT} kept, local"),
+        ours: history,
+        peer: Some((format!("latest() of a prefix that only held {KEPT}"), fresh)),
+        bytes: 0,
+    });
     Ok(())
 }
