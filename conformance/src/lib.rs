@@ -46,6 +46,7 @@ pub mod alloc;
 mod case;
 pub mod cases;
 mod faulty;
+mod gate;
 mod harness;
 pub mod model;
 pub mod ranked;

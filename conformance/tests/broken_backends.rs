@@ -229,3 +229,19 @@ fn a_source_with_one_shared_cursor_fails_the_shared_sources_case() {
         "{message}"
     );
 }
+
+#[test]
+fn ignoring_create_new_fails_the_interleaved_checkpoint_cases_every_time() {
+    let message = failure_of(
+        &broken(Defect::IgnoresCreateNew),
+        Case::InterleavedSavesCommitOnce,
+        "interleaved_saves_commit_once",
+    );
+    assert!(message.contains("save 0 committing first"), "{message}");
+    let message = failure_of(
+        &broken(Defect::IgnoresCreateNew),
+        Case::InterleavedRankRerunsKeepOnePart,
+        "interleaved_rank_reruns_keep_one_part",
+    );
+    assert!(message.contains("rank 0's part is stored 2 times"), "{message}");
+}

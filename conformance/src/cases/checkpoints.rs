@@ -8,6 +8,7 @@ use std::sync::Arc;
 use weightbay::{ErrorKind, Format, Storage, Tensor, Writer};
 use weightbay_checkpoints::{COMMIT_RECORD, Checkpoints, Retention, SaveOptions};
 
+use crate::gate::Gate;
 use crate::strategies::sample;
 use crate::support::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
@@ -219,6 +220,75 @@ pub fn racing_saves_commit_once<H: Harness>(harness: &H, case: &str) -> Outcome 
         .unwrap_or_else(|e| fail!(case, "opening step 5: {e}"));
     if stored.len() != record.record().containers.len() + 1 {
         fail!(case, "the losing saver left files behind: {stored:?}");
+    }
+    Outcome::Checked
+}
+
+/// Two saves of one step whose commit records meet, committed one after the other in both
+/// orders (no luck involved): the first record wins, the second save fails with AlreadyExists
+/// and removes its containers; the step holds the winner's record and containers alone.
+pub fn interleaved_saves_commit_once<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let capabilities = harness.fresh().capabilities();
+    if !capabilities.listing || !capabilities.atomic_create_new {
+        return Outcome::NotApplicable(
+            "the backend does not both list and create new atomically".into(),
+        );
+    }
+    for first in [0, 1] {
+        let context = format!("save {first} committing first");
+        let storage = harness.fresh();
+        let shared: Arc<dyn Storage> = Arc::new(harness.reopen(&storage));
+        let gate = Gate::new(Arc::clone(&shared), "/commit.json", [first, 1 - first]);
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let saves: Vec<_> = (0..2)
+                .map(|id| {
+                    let checkpoints = Checkpoints::over(gate.writer(id), PREFIX);
+                    let writer = container(5 + id as u64, Format::Burnpack);
+                    scope.spawn(move || checkpoints.save(5, writer))
+                })
+                .collect();
+            saves
+                .into_iter()
+                .map(|save| {
+                    save.join()
+                        .unwrap_or_else(|_| fail!(case, "{context}: a save panicked"))
+                })
+                .collect()
+        });
+        match (&results[first], &results[1 - first]) {
+            (Ok(_), Err(e)) if e.kind() == ErrorKind::AlreadyExists => {}
+            other => fail!(case, "{context}: {other:?}"),
+        }
+        let checkpoints = Checkpoints::over(Arc::clone(&shared), PREFIX);
+        let checkpoint = checkpoints
+            .open(5)
+            .unwrap_or_else(|e| fail!(case, "{context}: opening step 5: {e}"));
+        if let Err(e) = checkpoint.verify() {
+            fail!(case, "{context}: step 5 does not verify: {e}");
+        }
+        let read = checkpoint
+            .reader()
+            .and_then(|r| r.read_as::<u8>("layer0.weight"));
+        let expected = container(5 + first as u64, Format::Burnpack)
+            .tensors()
+            .first()
+            .and_then(|t| t.bytes().ok())
+            .and_then(|b| b.to_vec().ok());
+        if read.ok() != expected {
+            fail!(
+                case,
+                "{context}: step 5 does not hold the first save's tensors"
+            );
+        }
+        let stored = shared
+            .list("ckpt/step-5")
+            .unwrap_or_else(|e| fail!(case, "{context}: listing step 5: {e}"));
+        if stored.len() != checkpoint.record().containers.len() + 1 {
+            fail!(
+                case,
+                "{context}: the losing save left files behind: {stored:?}"
+            );
+        }
     }
     Outcome::Checked
 }

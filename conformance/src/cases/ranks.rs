@@ -10,6 +10,7 @@ use std::sync::{Arc, Barrier};
 use weightbay::{ErrorKind, Format, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region, StepState};
 
+use crate::gate::Gate;
 use crate::ranked::SlicedModel;
 use crate::support::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
@@ -396,5 +397,54 @@ pub fn gc_keeps_committed_rank_steps<H: Harness>(harness: &H, case: &str) -> Out
         Ok(RankOutcome::CommittedByAnother(_)) => {}
         other => fail!(case, "rank 0 of step 1 restarted after gc: {other:?}"),
     }
+    Outcome::Checked
+}
+
+/// Two processes running as the same rank with the same content, their manifests' create-new
+/// meeting and going one after the other: both succeed, the step keeps the first's manifest and
+/// container alone, and it commits when the other rank finishes.
+pub fn interleaved_rank_reruns_keep_one_part<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let Some(ranked) = Ranked::new(harness) else {
+        return Outcome::NotApplicable(NO_RANKS.into());
+    };
+    let gate = Gate::new(Arc::clone(&ranked.shared), "-of-00004.json", [0, 1]);
+    let outcomes: Vec<_> = std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..2)
+            .map(|id| {
+                let checkpoints = Checkpoints::over(gate.writer(id), PREFIX);
+                scope.spawn(move || save(&checkpoints, 1, 0))
+            })
+            .collect();
+        ranks
+            .into_iter()
+            .map(|rank| {
+                rank.join()
+                    .unwrap_or_else(|_| fail!(case, "a racing rank 0 panicked"))
+            })
+            .collect()
+    });
+    if !outcomes
+        .iter()
+        .all(|o| matches!(o, Ok(RankOutcome::Written { .. })))
+    {
+        fail!(
+            case,
+            "two processes as rank 0 with the same content: {outcomes:?}"
+        );
+    }
+    let containers: Vec<String> = ranked
+        .stored(case, "after the race")
+        .into_iter()
+        .filter(|key| key.ends_with("rank-00000.bpk"))
+        .collect();
+    if containers.len() != 1 {
+        fail!(
+            case,
+            "rank 0's part is stored {} times: {containers:?}",
+            containers.len()
+        );
+    }
+    save_ranks(&ranked.checkpoints, 1, 1..WORLD, case);
+    ranked.check_loads(1, case, "after the race and the other ranks");
     Outcome::Checked
 }
