@@ -64,6 +64,13 @@ pub trait Harness: Send + Sync + 'static {
         None
     }
 
+    /// A batch length above every threshold at which the backend reads a batch differently
+    /// (on several threads, in several requests), so the batched-read case takes those paths.
+    /// Default 6 MiB: the local backend reads on several threads from 4 MiB.
+    fn batched_read_len(&self) -> usize {
+        6 << 20
+    }
+
     /// How many keys one page of the backend's listing holds at most (object stores answer
     /// 1,000 a request), so the listing case writes more than fit in one. Default 1,000.
     fn listing_page_size(&self) -> usize {

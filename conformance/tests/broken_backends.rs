@@ -243,5 +243,19 @@ fn ignoring_create_new_fails_the_interleaved_checkpoint_cases_every_time() {
         Case::InterleavedRankRerunsKeepOnePart,
         "interleaved_rank_reruns_keep_one_part",
     );
-    assert!(message.contains("rank 0's part is stored 2 times"), "{message}");
+    assert!(
+        message.contains("rank 0's part is stored 2 times"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_batched_read_refusing_empty_ranges_fails_the_batched_reads_case() {
+    let message = failure_of(
+        &broken(Defect::FetchRefusesEmptyRanges),
+        Case::BatchedReadsMatchSingleReads,
+        "batched_reads_match_single_reads",
+    );
+    assert!(message.contains("fixed list 0: fetch of"), "{message}");
+    assert!(message.contains("zero bytes"), "{message}");
 }

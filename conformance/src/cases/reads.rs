@@ -2,6 +2,7 @@
 //! that agree with single ones, and hostile containers that fail cleanly.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use proptest::prelude::*;
@@ -128,12 +129,18 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcom
     Outcome::Checked
 }
 
-/// [`Source::fetch`](weightbay::Source::fetch) of random range lists (unordered, overlapping,
-/// repeated, empty, spanning several parts) gives exactly what `read_at` gives for each range,
-/// in the order asked; a list with one range past the end fails whole with `OutOfRange`.
+/// [`Source::fetch`](weightbay::Source::fetch) gives exactly what `read_at` gives for each range,
+/// in the order asked: for lists that always hold an empty, a repeated, an overlapping and an
+/// out-of-order range, for random lists, and for a batch larger than the backend reads in one
+/// go ([`Harness::batched_read_len`]: parallel reads, split requests). The reader's batched
+/// entry points (`load`, `load_all`, `read_many_into`) agree with `read`; a list with one range
+/// past the end fails whole with `OutOfRange`.
 pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> Outcome {
     let storage = harness.fresh();
-    let spec = several_parts(harness, 7);
+    // Tensors of a quarter of the batch length each, so the whole container is a batch above
+    // every threshold, and several parts long.
+    let quarter = (harness.batched_read_len().max(harness.several_parts_len()) / 4).max(1);
+    let spec = sample(&[quarter, 3, quarter, 0, quarter, quarter + 1], 7);
     spec.writer()
         .write_to(&storage, KEY)
         .unwrap_or_else(|e| fail!(case, "write: {e}"));
@@ -141,28 +148,104 @@ pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> 
         .open(KEY)
         .unwrap_or_else(|e| fail!(case, "open: {e}"));
     let len = source.len();
+    let check = |ranges: &[std::ops::Range<u64>]| -> Result<(), String> {
+        let fetched = source
+            .fetch(ranges)
+            .map_err(|e| format!("fetch of {ranges:?}: {e}"))?;
+        if fetched.len() != ranges.len() {
+            return Err(format!(
+                "fetch of {} ranges gave {} results",
+                ranges.len(),
+                fetched.len()
+            ));
+        }
+        for (range, bytes) in ranges.iter().zip(&fetched) {
+            let mut single = vec![0; (range.end - range.start) as usize];
+            source
+                .read_at(range.start, &mut single)
+                .map_err(|e| format!("read_at of {range:?}: {e}"))?;
+            let batched = bytes
+                .to_vec()
+                .map_err(|e| format!("reading the fetched bytes of {range:?}: {e}"))?;
+            if batched != single {
+                return Err(format!("fetch of {range:?} differs from read_at"));
+            }
+        }
+        Ok(())
+    };
+    let (third, half) = (len / 3, len / 2);
+    let awkward = [
+        // Empty, repeated, overlapping and out of order, in one list.
+        vec![5..5, 0..100, 0..100, 50..third, third - 10..half, len..len],
+        // Descending, and the whole container in overlapping pieces (a batch above every
+        // threshold).
+        vec![half..len, third..half + 1, 0..third + 1, 0..len, 7..7],
+    ];
+    for (i, ranges) in awkward.iter().enumerate() {
+        check(ranges).unwrap_or_else(|e| fail!(case, "fixed list {i}: {e}"));
+    }
     let ranges = proptest::collection::vec((0..=len, 0u64..200_000), 0..12).prop_map(move |v| {
         v.into_iter()
             .map(|(start, span)| start..start.saturating_add(span).min(len))
             .collect::<Vec<_>>()
     });
     run_property(case, ranges, |ranges| {
-        let fetched = source
-            .fetch(&ranges)
-            .map_err(|e| TestCaseError::fail(format!("fetch: {e}")))?;
-        prop_assert_eq!(fetched.len(), ranges.len(), "one result per range");
-        for (range, bytes) in ranges.iter().zip(&fetched) {
-            let mut single = vec![0; (range.end - range.start) as usize];
-            source
-                .read_at(range.start, &mut single)
-                .map_err(|e| TestCaseError::fail(format!("read_at: {e}")))?;
-            let batched = bytes
-                .to_vec()
-                .map_err(|e| TestCaseError::fail(format!("reading fetched bytes: {e}")))?;
-            prop_assert!(batched == single, "fetch of {range:?} differs from read_at");
-        }
-        Ok(())
+        check(&ranges).map_err(TestCaseError::fail)
     });
+    let reader =
+        Reader::open(Arc::clone(&source)).unwrap_or_else(|e| fail!(case, "Reader::open: {e}"));
+    let names: Vec<&str> = spec.tensors.iter().rev().map(|t| t.name.as_str()).collect();
+    let mut asked = names.clone();
+    asked.push(names[0]);
+    let loaded = reader
+        .load(&asked)
+        .unwrap_or_else(|e| fail!(case, "Reader::load of {asked:?}: {e}"));
+    for (name, bytes) in asked.iter().zip(&loaded) {
+        let single = reader
+            .read(name)
+            .unwrap_or_else(|e| fail!(case, "read {name}: {e}"));
+        if bytes.to_vec().ok() != Some(single) {
+            fail!(
+                case,
+                "Reader::load of {name} (asked in reverse, one twice) differs from read"
+            );
+        }
+    }
+    let all = reader
+        .load_all()
+        .unwrap_or_else(|e| fail!(case, "Reader::load_all: {e}"));
+    for (info, bytes) in all {
+        if bytes.to_vec().ok() != reader.read(info.name()).ok() {
+            fail!(
+                case,
+                "Reader::load_all of {} differs from read",
+                info.name()
+            );
+        }
+    }
+    let mut buffers: Vec<Vec<u8>> = spec
+        .tensors
+        .iter()
+        .map(|t| vec![0xAA; t.data.len()])
+        .collect();
+    let mut targets: Vec<(&str, &mut [u8])> = spec
+        .tensors
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|(t, buf)| (t.name.as_str(), buf.as_mut_slice()))
+        .collect();
+    reader
+        .read_many_into(&mut targets)
+        .unwrap_or_else(|e| fail!(case, "Reader::read_many_into: {e}"));
+    for (t, buf) in spec.tensors.iter().zip(&buffers) {
+        if *buf != t.data {
+            fail!(
+                case,
+                "Reader::read_many_into of {} differs from what was written",
+                t.name
+            );
+        }
+    }
     let past_end = [0..10, len - 1..len + 1, 5..6];
     match source.fetch(&past_end) {
         Err(e) if e.kind() == ErrorKind::OutOfRange => {}

@@ -43,6 +43,9 @@ pub(crate) enum Defect {
     /// A source reads through one cursor it shares: seek, then read, as a file handle without
     /// `pread` does, so threads reading it at once get each other's bytes.
     SharedCursor,
+    /// A batched read refuses a list holding an empty range, as a coalescing fetch that asks the
+    /// store for zero bytes does.
+    FetchRefusesEmptyRanges,
 }
 
 #[derive(Debug, Default)]
@@ -117,7 +120,12 @@ impl Storage for HashMapStorage {
             return Err(Error::invalid("not a Burnpack container").with_key(key));
         }
         let cursor = (self.defect == Some(Defect::SharedCursor)).then(|| Mutex::new(0));
-        Ok(Arc::new(HashMapSource { bytes, cursor }))
+        let refuses_empty = self.defect == Some(Defect::FetchRefusesEmptyRanges);
+        Ok(Arc::new(HashMapSource {
+            bytes,
+            cursor,
+            refuses_empty,
+        }))
     }
 
     fn pending(&self) -> Result<Vec<String>> {
@@ -232,6 +240,8 @@ struct HashMapSource {
     bytes: Arc<[u8]>,
     /// With [`Defect::SharedCursor`], where the next read starts.
     cursor: Option<Mutex<u64>>,
+    /// With [`Defect::FetchRefusesEmptyRanges`].
+    refuses_empty: bool,
 }
 
 impl Source for HashMapSource {
@@ -259,6 +269,13 @@ impl Source for HashMapSource {
         // In range, so both ends fit in usize.
         buf.copy_from_slice(&self.bytes[start as usize..start as usize + buf.len()]);
         Ok(())
+    }
+
+    fn fetch(&self, ranges: &[std::ops::Range<u64>]) -> Result<Vec<weightbay::Bytes>> {
+        if self.refuses_empty && ranges.iter().any(|r| r.start == r.end) {
+            return Err(Error::invalid("a batched read of zero bytes"));
+        }
+        weightbay::backend_kit::fetch_views(self, ranges)
     }
 }
 
