@@ -1,9 +1,11 @@
 //! What every case shares: the outcome it reports, failing with a message that names the
 //! test, the seeded property runner, and the assertions on what a storage holds.
 
+use std::sync::Arc;
+
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
-use weightbay::{ErrorKind, Reader, Storage, WriteMode};
+use weightbay::{ErrorKind, Reader, Source, Storage, WriteMode};
 
 use crate::Harness;
 use crate::strategies::{ContainerSpec, sample};
@@ -252,4 +254,18 @@ pub(crate) const NO_FILE_SYSTEM: &str =
 pub(crate) fn several_parts<H: Harness>(harness: &H, fill: u8) -> ContainerSpec {
     let half = harness.several_parts_len() / 2 + 1;
     sample(&[half, 5, half], fill)
+}
+
+/// `spec` written to [`KEY`] of `storage`, and opened again.
+pub(crate) fn written_and_opened(
+    storage: &dyn Storage,
+    spec: &ContainerSpec,
+    case: &str,
+) -> Arc<dyn Source> {
+    spec.writer()
+        .write_to(storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "write: {e}"));
+    storage
+        .open(KEY)
+        .unwrap_or_else(|e| fail!(case, "open: {e}"))
 }

@@ -11,7 +11,7 @@ use weightbay::{CreateOptions, Durability, ErrorKind, Reader, Storage};
 
 use crate::Harness;
 use crate::strategies::sample;
-use crate::support::{KEY, Outcome, fail, run_property, several_parts};
+use crate::support::{KEY, Outcome, fail, run_property, several_parts, written_and_opened};
 
 /// The most reads a reader racing the writer makes, so a writer that never finishes cannot keep
 /// the readers going for ever.
@@ -141,12 +141,7 @@ pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> 
     // every threshold, and several parts long.
     let quarter = (harness.batched_read_len().max(harness.several_parts_len()) / 4).max(1);
     let spec = sample(&[quarter, 3, quarter, 0, quarter, quarter + 1], 7);
-    spec.writer()
-        .write_to(&storage, KEY)
-        .unwrap_or_else(|e| fail!(case, "write: {e}"));
-    let source = storage
-        .open(KEY)
-        .unwrap_or_else(|e| fail!(case, "open: {e}"));
+    let source = written_and_opened(&storage, &spec, case);
     let len = source.len();
     let check = |ranges: &[std::ops::Range<u64>]| -> Result<(), String> {
         let fetched = source
@@ -347,12 +342,7 @@ pub fn sources_are_shared_between_threads<H: Harness>(harness: &H, case: &str) -
     let storage = harness.fresh();
     let spec = several_parts(harness, 5);
     let bytes = spec.bytes();
-    spec.writer()
-        .write_to(&storage, KEY)
-        .unwrap_or_else(|e| fail!(case, "write: {e}"));
-    let source = storage
-        .open(KEY)
-        .unwrap_or_else(|e| fail!(case, "open: {e}"));
+    let source = written_and_opened(&storage, &spec, case);
     let len = bytes.len() as u64;
     std::thread::scope(|scope| {
         let threads: Vec<_> = (0..THREADS)
