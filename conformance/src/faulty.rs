@@ -372,6 +372,12 @@ impl FileSystem for FaultyFileSystem {
         self.plan.file_op("rename", || self.inner.rename(from, to))
     }
 
+    fn rename_no_replace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.plan.file_op("rename_no_replace", || {
+            self.inner.rename_no_replace(from, to)
+        })
+    }
+
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.plan
             .file_op("hard_link", || self.inner.hard_link(from, to))

@@ -21,7 +21,7 @@
 //!     fn not_applicable(&self) -> &[Case] {
 //!         // Nothing outlives the process, and nothing goes through a file system.
 //!         &[Case::PowerLossAtEveryOperation, Case::FileSystemFaultAtEveryOperation,
-//!           Case::ProcessCrashAtEveryStep]
+//!           Case::CreateNewRaceStepByStep, Case::ProcessCrashAtEveryStep]
 //!     }
 //! }
 //!
@@ -48,6 +48,7 @@ pub mod cases;
 mod faulty;
 mod gate;
 mod harness;
+mod lockstep;
 pub mod model;
 pub mod ranked;
 mod servers;

@@ -256,6 +256,21 @@ impl FileSystem for SimulatedDisk {
         })
     }
 
+    fn rename_no_replace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.operate(|state| {
+            let inode = state.lookup(from)?;
+            let (from_dir, from_name) = split(from)?;
+            let (to_dir, to_name) = split(to)?;
+            let entries = state.entries(&to_dir)?;
+            if entries.contains_key(&to_name) {
+                return Err(io::ErrorKind::AlreadyExists.into());
+            }
+            entries.insert(to_name, inode);
+            state.entries(&from_dir)?.remove(&from_name);
+            Ok(())
+        })
+    }
+
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
         self.operate(|state| {
             let inode = state.lookup(from)?;

@@ -105,6 +105,22 @@ pub(crate) fn stored(storage: &dyn Storage, key: &str) -> weightbay::Result<Vec<
     Ok(out)
 }
 
+/// Every byte of `source`, through one batched read of its two halves asked in reverse order.
+pub(crate) fn fetched_whole(source: &dyn Source) -> weightbay::Result<Vec<u8>> {
+    let len = source.len();
+    let half = len / 2;
+    let views = source.fetch(&[half..len, 0..half])?;
+    let [second, first] = views.as_slice() else {
+        return Err(weightbay::Error::invalid(format!(
+            "a fetch of two ranges gave {} results",
+            views.len()
+        )));
+    };
+    let mut bytes = first.to_vec()?;
+    bytes.extend_from_slice(&second.to_vec()?);
+    Ok(bytes)
+}
+
 /// Asserts `key` holds exactly one of `allowed` (or is absent when `None` is allowed), and that
 /// a stored container opens and verifies.
 pub(crate) fn assert_holds_one_of(
@@ -131,11 +147,12 @@ pub(crate) fn assert_holds_one_of(
                     bytes.len()
                 );
             }
-            let reader = Reader::from_bytes(bytes)
+            let reader = Reader::from_bytes(bytes.clone())
                 .unwrap_or_else(|e| fail!(case, "{context}: stored container does not open: {e}"));
             if let Err(e) = reader.verify() {
                 fail!(case, "{context}: stored container does not verify: {e}");
             }
+            assert_batched_reads_agree(case, context, storage, key, &bytes, &reader);
         }
         Err(e) if e.kind() == ErrorKind::NotFound => {
             if !allowed.contains(&None) {
@@ -146,6 +163,43 @@ pub(crate) fn assert_holds_one_of(
             }
         }
         Err(e) => fail!(case, "{context}: reading `{key}` failed: {e}"),
+    }
+}
+
+/// The batched entry points read what `read_at` read: a fetch of the whole container and the
+/// reader's `load_all`.
+fn assert_batched_reads_agree(
+    case: &str,
+    context: &str,
+    storage: &dyn Storage,
+    key: &str,
+    bytes: &[u8],
+    expected: &Reader,
+) {
+    let source = storage
+        .open(key)
+        .unwrap_or_else(|e| fail!(case, "{context}: opening `{key}` again failed: {e}"));
+    match fetched_whole(&*source) {
+        Ok(fetched) if fetched == bytes => {}
+        Ok(_) => fail!(
+            case,
+            "{context}: a batched read of `{key}` gives other bytes than read_at"
+        ),
+        Err(e) => fail!(case, "{context}: a batched read of `{key}` failed: {e}"),
+    }
+    let reader = Reader::open(source)
+        .unwrap_or_else(|e| fail!(case, "{context}: Reader::open of `{key}` failed: {e}"));
+    let loaded = reader
+        .load_all()
+        .unwrap_or_else(|e| fail!(case, "{context}: Reader::load_all of `{key}` failed: {e}"));
+    for (info, tensor) in loaded {
+        if tensor.to_vec().ok() != expected.read(info.name()).ok() {
+            fail!(
+                case,
+                "{context}: Reader::load_all of `{key}` gives other bytes for {}",
+                info.name()
+            );
+        }
     }
 }
 

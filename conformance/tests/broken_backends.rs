@@ -259,3 +259,16 @@ fn a_batched_read_refusing_empty_ranges_fails_the_batched_reads_case() {
     assert!(message.contains("fixed list 0: fetch of"), "{message}");
     assert!(message.contains("zero bytes"), "{message}");
 }
+
+#[test]
+fn a_batched_read_of_the_latest_version_fails_the_readers_case() {
+    let message = failure_of(
+        &broken(Defect::FetchReadsLatest),
+        Case::ReadersKeepTheirVersion,
+        "readers_keep_their_version",
+    );
+    assert!(
+        message.contains("fetched the tail of another version"),
+        "{message}"
+    );
+}

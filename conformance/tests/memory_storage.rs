@@ -21,6 +21,7 @@ impl Harness for Memory {
         &[
             Case::PowerLossAtEveryOperation,
             Case::FileSystemFaultAtEveryOperation,
+            Case::CreateNewRaceStepByStep,
             Case::ProcessCrashAtEveryStep,
         ]
     }

@@ -46,9 +46,11 @@ pub trait FileHandle: Send + Sync + fmt::Debug {
 /// Directory and file operations, named after their `std::fs` counterparts.
 ///
 /// # Contract
-/// `rename`, `hard_link` and `remove_file` change directory entries atomically but not
-/// durably: only `sync_dir` of the parent makes them survive power loss. `hard_link` fails with
-/// `AlreadyExists` when `to` exists. `create_new` fails with `AlreadyExists` when `path` exists.
+/// `rename`, `rename_no_replace`, `hard_link` and `remove_file` change directory entries
+/// atomically but not durably: only `sync_dir` of the parent makes them survive power loss.
+/// `hard_link` and `rename_no_replace` fail with `AlreadyExists` when `to` exists, checked and
+/// taken in one step, so that of two callers racing for one name exactly one wins.
+/// `create_new` fails with `AlreadyExists` when `path` exists.
 pub trait FileSystem: Send + Sync + fmt::Debug {
     /// Creates `path` for writing; fails if it exists.
     ///
@@ -73,6 +75,12 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     /// # Errors
     /// The operating system's error.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Renames `from` to `to` unless `to` exists, in one atomic step.
+    ///
+    /// # Errors
+    /// `AlreadyExists`; `Unsupported` where the file system cannot do it in one step.
+    fn rename_no_replace(&self, from: &Path, to: &Path) -> io::Result<()>;
 
     /// Makes `to` a second name of `from`; fails if `to` exists.
     ///

@@ -418,17 +418,31 @@ impl Sink for AtomicSink {
                     ));
                 }
                 Err(e) if e.kind() == io::ErrorKind::Unsupported => {
-                    // No hard links here (some FUSE and network file systems): check, then
-                    // rename. Two writers racing in this window can both succeed.
-                    if self.fs.open(&self.path).is_ok() {
-                        return Err(Error::new(
-                            ErrorKind::AlreadyExists,
-                            format!("{} exists", self.path.display()),
-                        ));
+                    // No hard links here (some FUSE and network file systems). Looking for the
+                    // name and then renaming would let two racing writers both win; only a
+                    // rename that refuses an existing name in the same step keeps one winner.
+                    match self.fs.rename_no_replace(&self.scratch, &self.path) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                            return Err(Error::new(
+                                ErrorKind::AlreadyExists,
+                                format!("{} exists", self.path.display()),
+                            ));
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Unsupported => {
+                            return Err(Error::new(
+                                ErrorKind::Unsupported,
+                                format!(
+                                    "create-new of {}: this file system has neither hard links \
+                                     nor a rename that refuses an existing name, so two \
+                                     writers could both win; use overwrite here",
+                                    self.path.display()
+                                ),
+                            )
+                            .with_source(e));
+                        }
+                        Err(e) => return Err(io_error("renaming onto", &self.path, e)),
                     }
-                    self.fs
-                        .rename(&self.scratch, &self.path)
-                        .map_err(|e| io_error("renaming onto", &self.path, e))?;
                 }
                 Err(e) => return Err(io_error("linking", &self.path, e)),
             }

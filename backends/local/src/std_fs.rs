@@ -144,6 +144,51 @@ impl FileSystem for StdFileSystem {
         renamed
     }
 
+    fn rename_no_replace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::ffi::CString;
+            use std::os::unix::ffi::OsStrExt;
+            let path = |p: &Path| {
+                CString::new(p.as_os_str().as_bytes())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+            };
+            let (from, to) = (path(from)?, path(to)?);
+            // The raw system call: glibc wraps renameat2 only from 2.28, musl later still.
+            // SAFETY: both paths are NUL-terminated and outlive the call.
+            let status = unsafe {
+                libc::syscall(
+                    libc::SYS_renameat2,
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::RENAME_NOREPLACE,
+                )
+            };
+            if status == 0 {
+                return Ok(());
+            }
+            let error = io::Error::last_os_error();
+            // EINVAL: this file system has no RENAME_NOREPLACE; ENOSYS: the kernel predates it.
+            match error.raw_os_error() {
+                Some(libc::EINVAL | libc::ENOSYS) => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("rename without replacing is not supported here: {error}"),
+                )),
+                _ => Err(error),
+            }
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (from, to);
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "rename without replacing is implemented for Linux only",
+            ))
+        }
+    }
+
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
         fs::hard_link(from, to)
     }

@@ -7,7 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use weightbay::backend_kit::{FileHandle, FileSystem};
-use weightbay_conformance::{Case, FaultPlan, FaultyFileSystem, Harness, failure_of};
+use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
+use weightbay_conformance::{Case, FaultPlan, FaultyFileSystem, Harness, Outcome, failure_of};
 use weightbay_local::{LocalStorage, StdFileSystem};
 
 /// A file-system layer with one defect, as a backend's own file code might have.
@@ -21,6 +22,13 @@ enum FsDefect {
     CopiesInsteadOfRenaming,
     /// Errors are rebuilt from their text: the message stays, the cause is gone.
     RewritesErrors,
+    /// No hard links, as on some FUSE and network file systems: create-new must fall back on
+    /// renaming without replacing.
+    NoHardLinks,
+    /// No hard links, and "rename unless the name exists" made of a look and a rename.
+    LooksThenRenames,
+    /// Neither hard links nor "rename unless the name exists": create-new cannot be race-free.
+    NoExclusiveName,
 }
 
 #[derive(Debug)]
@@ -99,7 +107,25 @@ impl FileSystem for DefectiveFs {
             _ => self.answer(self.inner.rename(from, to)),
         }
     }
+    fn rename_no_replace(&self, from: &Path, to: &Path) -> io::Result<()> {
+        if self.defect == FsDefect::NoExclusiveName {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
+        if self.defect == FsDefect::LooksThenRenames {
+            if self.inner.open(to).is_ok() {
+                return Err(io::ErrorKind::AlreadyExists.into());
+            }
+            return self.inner.rename(from, to);
+        }
+        self.answer(self.inner.rename_no_replace(from, to))
+    }
     fn hard_link(&self, from: &Path, to: &Path) -> io::Result<()> {
+        if matches!(
+            self.defect,
+            FsDefect::NoHardLinks | FsDefect::LooksThenRenames | FsDefect::NoExclusiveName
+        ) {
+            return Err(io::ErrorKind::Unsupported.into());
+        }
         self.answer(self.inner.hard_link(from, to))
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
@@ -232,4 +258,53 @@ fn copying_instead_of_renaming_fails_the_process_crash_case() {
         message.contains("writer killed after Inner operation"),
         "{message}"
     );
+}
+
+#[test]
+fn looking_before_renaming_fails_the_step_by_step_race() {
+    let message = failure_of(
+        &LocalWith::new(FsDefect::LooksThenRenames),
+        Case::CreateNewRaceStepByStep,
+        "create_new_race_step_by_step",
+    );
+    assert!(
+        message.contains("exactly one create-new must win"),
+        "{message}"
+    );
+}
+
+#[test]
+fn create_new_without_hard_links_still_has_one_winner() {
+    let harness = LocalWith::new(FsDefect::NoHardLinks);
+    for case in [
+        Case::CreateNewRaceStepByStep,
+        Case::InterleavedCommitsResolveInOrder,
+        Case::CreateNewRefusesExisting,
+        Case::PowerLossAtEveryOperation,
+    ] {
+        // A failing case panics with its message.
+        let outcome = case.run(&harness, case.name());
+        assert!(
+            matches!(outcome, Outcome::Checked),
+            "{}: {outcome:?}",
+            case.name()
+        );
+    }
+}
+
+#[test]
+fn create_new_without_an_exclusive_name_fails_clearly_and_leaves_nothing() {
+    let harness = LocalWith::new(FsDefect::NoExclusiveName);
+    let storage = harness.fresh();
+    let options = CreateOptions::default().with_mode(WriteMode::CreateNew);
+    let mut sink = storage.create("a.bpk", &options).expect("create");
+    sink.write(b"bytes").expect("write");
+    let error = sink
+        .commit()
+        .expect_err("create-new cannot be race-free here");
+    assert_eq!(error.kind(), ErrorKind::Unsupported, "{error}");
+    assert!(error.to_string().contains("a.bpk"), "{error}");
+    assert!(error.to_string().contains("neither hard links"), "{error}");
+    assert!(storage.list("").expect("list").is_empty());
+    assert!(storage.pending().expect("pending").is_empty());
 }

@@ -364,6 +364,13 @@ impl weightbay::backend_kit::FileSystem for DeleteFirst {
     fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
         weightbay_local::StdFileSystem.rename(from, to)
     }
+    fn rename_no_replace(
+        &self,
+        from: &std::path::Path,
+        to: &std::path::Path,
+    ) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.rename_no_replace(from, to)
+    }
     fn hard_link(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
         weightbay_local::StdFileSystem.hard_link(from, to)
     }
@@ -409,4 +416,35 @@ fn a_save_whose_directory_a_delete_removes_meanwhile_still_lands() {
     assert!(!dir.path().join("run/old.bpk").exists());
     let reader = Reader::open(plain.open("run/new.bpk").unwrap()).unwrap();
     assert_eq!(reader.read("w").unwrap(), vec![2; 10]);
+}
+
+#[test]
+fn rename_no_replace_takes_a_free_name_and_refuses_a_taken_one() {
+    use weightbay::backend_kit::FileSystem;
+    use weightbay_local::StdFileSystem;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let [a, b, taken] = ["a", "b", "taken"].map(|name| dir.path().join(name));
+    for (path, bytes) in [(&a, "a"), (&b, "b"), (&taken, "taken")] {
+        fs::write(path, bytes).expect("write");
+    }
+    let fs_ = StdFileSystem;
+    match fs_.rename_no_replace(&a, &dir.path().join("free")) {
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+            eprintln!("skipped: {e} (this file system has no RENAME_NOREPLACE)");
+            return;
+        }
+        result => result.expect("rename onto a free name"),
+    }
+    assert_eq!(fs::read(dir.path().join("free")).expect("read"), b"a");
+    assert!(!a.exists());
+    let refused = fs_
+        .rename_no_replace(&b, &taken)
+        .expect_err("the name is taken");
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::AlreadyExists,
+        "{refused}"
+    );
+    assert_eq!(fs::read(&taken).expect("read"), b"taken");
+    assert_eq!(fs::read(&b).expect("read"), b"b");
 }

@@ -66,6 +66,7 @@ impl Harness for Mmap {
         &[
             Case::PowerLossAtEveryOperation,
             Case::FileSystemFaultAtEveryOperation,
+            Case::CreateNewRaceStepByStep,
         ]
     }
 }

@@ -11,7 +11,9 @@ use weightbay::{CreateOptions, Durability, ErrorKind, Reader, Storage};
 
 use crate::Harness;
 use crate::strategies::sample;
-use crate::support::{KEY, Outcome, fail, run_property, several_parts, written_and_opened};
+use crate::support::{
+    KEY, Outcome, fail, fetched_whole, run_property, several_parts, written_and_opened,
+};
 
 /// The most reads a reader racing the writer makes, so a writer that never finishes cannot keep
 /// the readers going for ever.
@@ -73,6 +75,25 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcom
             e.kind()
         ),
     }
+    // The batched path too: the tail and the head, asked in reverse order.
+    let len = old.len() as u64;
+    match source.fetch(&[tail as u64..len, 0..16]) {
+        Ok(views) => {
+            let got: Vec<Option<Vec<u8>>> = views.iter().map(|v| v.to_vec().ok()).collect();
+            if got != [Some(old[tail..].to_vec()), Some(old[..16].to_vec())] {
+                fail!(
+                    case,
+                    "a source opened before an overwrite fetched the tail of another version after the overwrite committed"
+                );
+            }
+        }
+        Err(e) if e.kind() == ErrorKind::Changed => {}
+        Err(e) => fail!(
+            case,
+            "a batched read of a source opened before an overwrite failed with {:?} instead of Changed: {e}",
+            e.kind()
+        ),
+    }
     let writing = AtomicBool::new(true);
     std::thread::scope(|scope| {
         let writer = scope.spawn(|| {
@@ -87,9 +108,13 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcom
                     .unwrap_or_else(|e| fail!(case, "writer, round {round}: {e}"));
             }
         });
+        // Reader 0 reads with read_at, reader 1 with one batched read of two ranges.
         let readers: Vec<_> = (0..2)
-            .map(|_| {
-                scope.spawn(|| {
+            .map(|reader| {
+                let versions = &versions;
+                let writing = &writing;
+                let storage = &storage;
+                scope.spawn(move || {
                 let mut reads = 0;
                 while reads < 40 || (writing.load(Ordering::SeqCst) && reads < MAX_RACING_READS) {
                     reads += 1;
@@ -100,18 +125,23 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcom
                             e.kind()
                         )
                     });
-                    let mut bytes = vec![0; usize::try_from(source.len()).unwrap_or(0)];
-                    match source.read_at(0, &mut bytes) {
-                        Ok(()) if versions.contains(&bytes) => {}
-                        Ok(()) => fail!(
+                    let read = if reader == 0 {
+                        let mut bytes = vec![0; usize::try_from(source.len()).unwrap_or(0)];
+                        source.read_at(0, &mut bytes).map(|()| bytes)
+                    } else {
+                        fetched_whole(&*source)
+                    };
+                    match read {
+                        Ok(bytes) if versions.contains(&bytes) => {}
+                        Ok(bytes) => fail!(
                             case,
-                            "a reader racing the writer saw {} bytes of no single version",
+                            "reader {reader} racing the writer saw {} bytes of no single version",
                             bytes.len()
                         ),
                         Err(e) if e.kind() == ErrorKind::Changed => {}
                         Err(e) => fail!(
                             case,
-                            "a reader racing the writer failed with {:?} instead of Changed: {e}",
+                            "reader {reader} racing the writer failed with {:?} instead of Changed: {e}",
                             e.kind()
                         ),
                     }

@@ -12,13 +12,14 @@ use weightbay::{
     ShardedWriter, Storage, Tensor, WeightComponentSpec, WeightSource, WriteMode, Writer,
 };
 
+use crate::lockstep::Lockstep;
 use crate::model::{KEYS, Model, Op};
 use crate::strategies::{self, ContainerSpec, sample};
 use crate::support::{
-    KEY, Outcome, assert_holds_one_of, assert_nothing_pending, fail, run_property, several_parts,
-    stored,
+    KEY, NO_FILE_SYSTEM, Outcome, assert_holds_one_of, assert_nothing_pending, fail, run_property,
+    several_parts, stored,
 };
-use crate::{Faulty, Harness, is_injected};
+use crate::{Faulty, Harness, SimulatedDisk, is_injected};
 
 /// Write → commit → open → read gives back the input, byte for byte what
 /// [`Writer::into_bytes`] produces, and the trailer verifies; for every dtype, empty and
@@ -339,6 +340,71 @@ pub fn create_new_race_has_one_winner<H: Harness>(harness: &H, case: &str) -> Ou
         );
     }
     assert_nothing_pending(case, "after the races", &storage);
+    Outcome::Checked
+}
+
+/// Two saves of one key whose file-system operations alternate one by one, either going first,
+/// on backends that work through [`FileSystem`](weightbay::backend_kit::FileSystem): a
+/// create-new that checks for the name and then takes it, in two operations, lets both win
+/// here every time. Create-new (where declared) has exactly one winner and the other fails
+/// with AlreadyExists; an overwrite of an existing key leaves one of the two whole; nothing is
+/// left pending.
+pub fn create_new_race_step_by_step<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let over = |fs| harness.over_file_system(fs);
+    if over(Arc::new(SimulatedDisk::new())).is_none() {
+        return Outcome::NotApplicable(NO_FILE_SYSTEM.into());
+    }
+    let old = sample(&[500, 70], 0);
+    let pair = [sample(&[1200, 30], 1), sample(&[800, 900], 2)];
+    let mut modes = vec![WriteMode::Overwrite];
+    if harness.fresh().capabilities().atomic_create_new {
+        modes.push(WriteMode::CreateNew);
+    }
+    for mode in modes {
+        for first in [0, 1] {
+            let context = format!("{mode:?} saves taking turns, save {first} first");
+            let lockstep = Lockstep::new(Arc::new(SimulatedDisk::new()));
+            let storage = over(lockstep.clone())
+                .unwrap_or_else(|| fail!(case, "over_file_system stopped answering"));
+            if mode == WriteMode::Overwrite {
+                old.writer()
+                    .write_to(&storage, KEY)
+                    .unwrap_or_else(|e| fail!(case, "{context}: write the old container: {e}"));
+            }
+            let save = |spec: &ContainerSpec| spec.writer().with_mode(mode).write_to(&storage, KEY);
+            let results = lockstep.play(first, || save(&pair[0]), || save(&pair[1]));
+            let outcomes = [results.0, results.1].map(|r| r.map(|_| ()));
+            let holds = match (mode, &outcomes) {
+                (WriteMode::CreateNew, [Ok(()), Err(e)])
+                    if e.kind() == ErrorKind::AlreadyExists =>
+                {
+                    vec![Some(pair[0].bytes())]
+                }
+                (WriteMode::CreateNew, [Err(e), Ok(())])
+                    if e.kind() == ErrorKind::AlreadyExists =>
+                {
+                    vec![Some(pair[1].bytes())]
+                }
+                (WriteMode::CreateNew, _) => fail!(
+                    case,
+                    "{context}: exactly one create-new must win and the other fail with \
+                     AlreadyExists, got {:?}",
+                    outcomes.map(|r| r.map_err(|e| e.to_string()))
+                ),
+                (_, [Ok(()), Ok(())]) => pair.iter().map(|spec| Some(spec.bytes())).collect(),
+                (_, _) => fail!(
+                    case,
+                    "{context}: both overwrites must succeed, got {:?}",
+                    outcomes.map(|r| r.map_err(|e| e.to_string()))
+                ),
+            };
+            let holds: Vec<_> = holds.iter().map(|bytes| bytes.as_deref()).collect();
+            let reopened =
+                over(lockstep).unwrap_or_else(|| fail!(case, "over_file_system stopped answering"));
+            assert_holds_one_of(case, &context, &reopened, KEY, &holds);
+            assert_nothing_pending(case, &context, &reopened);
+        }
+    }
     Outcome::Checked
 }
 

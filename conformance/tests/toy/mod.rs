@@ -46,6 +46,9 @@ pub(crate) enum Defect {
     /// A batched read refuses a list holding an empty range, as a coalescing fetch that asks the
     /// store for zero bytes does.
     FetchRefusesEmptyRanges,
+    /// A batched read asks for the key's current container, not the one the source opened, as
+    /// a fetch that leaves out the object's version does.
+    FetchReadsLatest,
 }
 
 #[derive(Debug, Default)]
@@ -121,10 +124,13 @@ impl Storage for HashMapStorage {
         }
         let cursor = (self.defect == Some(Defect::SharedCursor)).then(|| Mutex::new(0));
         let refuses_empty = self.defect == Some(Defect::FetchRefusesEmptyRanges);
+        let latest =
+            (self.defect == Some(Defect::FetchReadsLatest)).then(|| (self.clone(), key.to_owned()));
         Ok(Arc::new(HashMapSource {
             bytes,
             cursor,
             refuses_empty,
+            latest,
         }))
     }
 
@@ -242,6 +248,8 @@ struct HashMapSource {
     cursor: Option<Mutex<u64>>,
     /// With [`Defect::FetchRefusesEmptyRanges`].
     refuses_empty: bool,
+    /// With [`Defect::FetchReadsLatest`], where `fetch` looks.
+    latest: Option<(HashMapStorage, String)>,
 }
 
 impl Source for HashMapSource {
@@ -275,6 +283,17 @@ impl Source for HashMapSource {
         if self.refuses_empty && ranges.iter().any(|r| r.start == r.end) {
             return Err(Error::invalid("a batched read of zero bytes"));
         }
+        if let Some((storage, key)) = &self.latest
+            && let Some(bytes) = storage.lock().current.get(key).cloned()
+        {
+            let latest = HashMapSource {
+                bytes,
+                cursor: None,
+                refuses_empty: false,
+                latest: None,
+            };
+            return weightbay::backend_kit::fetch_views(&latest, ranges);
+        }
         weightbay::backend_kit::fetch_views(self, ranges)
     }
 }
@@ -304,6 +323,7 @@ impl Harness for HashMapHarness {
         &[
             Case::PowerLossAtEveryOperation,
             Case::FileSystemFaultAtEveryOperation,
+            Case::CreateNewRaceStepByStep,
             Case::ProcessCrashAtEveryStep,
         ]
     }
