@@ -3,7 +3,8 @@
 #
 #   vars=$(scripts/servers.sh start s3) && eval "$vars"    # moto (S3)
 #   vars=$(scripts/servers.sh start gcs) && eval "$vars"   # fake GCS XML API (test fixture)
-#   scripts/servers.sh stop s3|gcs
+#   vars=$(scripts/servers.sh start proxy) && eval "$vars" # fault-injecting proxy (tests)
+#   scripts/servers.sh stop s3|gcs|proxy
 #   scripts/servers.sh stop-all
 #
 # `start` prints only `export VAR=...` lines on stdout (everything else goes to stderr), so its
@@ -18,6 +19,10 @@
 #   gcs: backends/object-store/tests/fixtures/fake_gcs_xml.py (stdlib only) with --versioning.
 #        Prints GOOGLE_SERVICE_ACCOUNT GOOGLE_BUCKET (what GoogleCloudStorageBuilder::from_env()
 #        reads), GCS_ENDPOINT and WEIGHTBAY_GCS_URL.
+#   proxy: scripts/fault_proxy.py (stdlib only): a control port from which each test takes a
+#        proxy of its own, in front of one of the servers above, that injects the faults it
+#        asks for (503 SlowDown, 429, resets mid-body, stalls, latency, per-prefix rate limits).
+#        Prints WEIGHTBAY_FAULT_PROXY (the control URL).
 #
 # Env knobs:
 #   WEIGHTBAY_CACHE    cache root (default ~/.cache/weightbay); venv in $WEIGHTBAY_CACHE/venv
@@ -35,20 +40,21 @@ PY=${PYTHON:-python3}
 BUCKET=weightbay-test
 HOST=127.0.0.1                     # never anything else: these servers check no credentials
 FAKE_GCS_PY=$ROOT/backends/object-store/tests/fixtures/fake_gcs_xml.py
+FAULT_PROXY_PY=$ROOT/scripts/fault_proxy.py
 MOTO_REQS=("moto[s3]==5.2.5" "flask<4" "flask-cors<7")   # versions verified in emulators.md
 START_TIMEOUT_S=30
 
 log() { echo "servers.sh: $*" >&2; }
 die() { echo "servers.sh: ERROR: $*" >&2; exit 1; }
 usage() {
-  echo "usage: $0 start s3|gcs | stop s3|gcs | stop-all" >&2
+  echo "usage: $0 start s3|gcs|proxy | stop s3|gcs|proxy | stop-all" >&2
   exit 2
 }
 
 # Is $1 alive and is its command line ours (guards against a recycled PID)?
 is_ours() { # pid kind
   local pid=$1 pat
-  case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; esac
+  case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; proxy) pat=fault_proxy.py ;; esac
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   alive "$pid" || return 1
   [ -r "/proc/$pid/cmdline" ] || return 0       # no procfs: trust kill -0
@@ -247,6 +253,33 @@ start_gcs() {
   cat "$RUN/gcs.env"
 }
 
+start_proxy() {
+  mkdir -p "$RUN"
+  already_running proxy && return 0
+  command -v "$PY" >/dev/null || die "$PY not found (python3 is required)"
+  local portf=$RUN/proxy.port logf=$RUN/proxy.log pid i port=""
+  rm -f "$portf"
+  "$PY" "$FAULT_PROXY_PY" --port 0 --port-file "$portf" </dev/null >"$logf" 2>&1 &
+  pid=$!
+  for ((i = 0; i < START_TIMEOUT_S * 20; i++)); do
+    kill -0 "$pid" 2>/dev/null || { show_log "$logf"; die "fault proxy exited during start"; }
+    if [ -s "$portf" ]; then port=$(cat "$portf"); break; fi
+    sleep 0.05
+  done
+  [ -n "$port" ] || { show_log "$logf"; kill_pid "$pid"; die "fault proxy did not start in ${START_TIMEOUT_S} s"; }
+  echo "$pid" >"$RUN/proxy.pid"
+  local url=http://$HOST:$port
+  if ! http_check GET "$url/health" 200; then
+    show_log "$logf"
+    kill_pid "$pid"
+    rm -f "$RUN/proxy.pid" "$portf"
+    die "fault proxy on $url does not answer"
+  fi
+  write_env "$RUN/proxy.env" "WEIGHTBAY_FAULT_PROXY=$url"
+  log "fault proxy ready at $url (pid $pid, log $logf)"
+  cat "$RUN/proxy.env"
+}
+
 stop_kind() { # kind
   local pidf=$RUN/$1.pid pid
   if [ ! -f "$pidf" ]; then
@@ -266,6 +299,7 @@ stop_kind() { # kind
   fi
   rm -f "$pidf" "$RUN/$1.env" "$RUN/$1.env.tmp"
   [ "$1" = gcs ] && rm -f "$RUN/gcs.port" "$RUN/gcs-sa.json"
+  [ "$1" = proxy ] && rm -f "$RUN/proxy.port"
   return 0
 }
 
@@ -274,17 +308,19 @@ case "${1:-}" in
     case "${2:-}" in
       s3) start_s3 ;;
       gcs) start_gcs ;;
+      proxy) start_proxy ;;
       *) usage ;;
     esac ;;
   stop)
     case "${2:-}" in
-      s3 | gcs) stop_kind "$2" || exit 1 ;;
+      s3 | gcs | proxy) stop_kind "$2" || exit 1 ;;
       *) usage ;;
     esac ;;
   stop-all)
     rc=0
     stop_kind s3 || rc=1
     stop_kind gcs || rc=1
+    stop_kind proxy || rc=1
     exit $rc ;;
   *) usage ;;
 esac

@@ -1,4 +1,5 @@
-//! Whether the local test servers are required, and where the S3 one is.
+//! Whether the local test servers are required, where the S3 one is, and proxies that inject
+//! faults in front of them.
 
 /// Whether servers are required (`WEIGHTBAY_REQUIRE_SERVERS=1`, as CI sets).
 pub(crate) fn servers_required() -> bool {
@@ -25,4 +26,100 @@ pub fn s3_url() -> Option<String> {
             None
         }
     }
+}
+
+/// A fault-injecting proxy of a test's own, in front of one of the local servers: taken from
+/// the control port of `scripts/fault_proxy.py` (`WEIGHTBAY_FAULT_PROXY`, set by
+/// `scripts/servers.sh start proxy`), and closed when dropped. Traffic stays on 127.0.0.1.
+#[derive(Debug)]
+pub struct FaultProxy {
+    control: String,
+    port: u16,
+}
+
+impl FaultProxy {
+    /// A proxy in front of `upstream` (an `http://127.0.0.1:PORT` URL) that injects `faults`, a
+    /// JSON object as `scripts/fault_proxy.py` documents (`{"status_share": 0.1}`,
+    /// `{"stall": {"match": "partNumber=2", "times": 1}}`, …); `None` after saying on standard
+    /// error that the test skips, when no proxy runs.
+    ///
+    /// # Panics
+    /// When no proxy runs and `WEIGHTBAY_REQUIRE_SERVERS=1`, or the proxy refuses the request.
+    pub fn start(upstream: &str, faults: &str) -> Option<Self> {
+        let control = match std::env::var("WEIGHTBAY_FAULT_PROXY") {
+            Ok(url) => url,
+            Err(_) if servers_required() => {
+                panic!("WEIGHTBAY_REQUIRE_SERVERS=1 but WEIGHTBAY_FAULT_PROXY is unset")
+            }
+            Err(_) => {
+                eprintln!(
+                    "skipped: no fault proxy (vars=$(scripts/servers.sh start proxy) && eval \"$vars\")"
+                );
+                return None;
+            }
+        };
+        let body = format!(r#"{{"upstream": "{upstream}", "faults": {faults}}}"#);
+        let answer = control_request(&control, "POST", "/proxies", &body)
+            .unwrap_or_else(|e| panic!("the fault proxy at {control} refused {body}: {e}"));
+        let port = json_number(&answer, "port")
+            .and_then(|port| u16::try_from(port).ok())
+            .unwrap_or_else(|| panic!("the fault proxy answered {answer}"));
+        Some(Self { control, port })
+    }
+
+    /// The URL to give the client instead of the server's.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// How many times the proxy did `what` so far: `requests`, `forwarded`, `status`, `reset`,
+    /// `request_reset`, `stalled`, `failed` or `rate_limited`.
+    ///
+    /// # Panics
+    /// When the proxy does not answer.
+    pub fn count(&self, what: &str) -> u64 {
+        let path = format!("/proxies/{}", self.port);
+        let answer = control_request(&self.control, "GET", &path, "")
+            .unwrap_or_else(|e| panic!("the fault proxy did not answer {path}: {e}"));
+        json_number(&answer, what).unwrap_or_else(|| panic!("no `{what}` in {answer}"))
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        let _ = control_request(
+            &self.control,
+            "DELETE",
+            &format!("/proxies/{}", self.port),
+            "",
+        );
+    }
+}
+
+/// One request to the proxy's control port (`http://127.0.0.1:PORT`), its body back.
+fn control_request(control: &str, method: &str, path: &str, body: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let address = control.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(address)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!("{head}: {body}")));
+    }
+    Ok(body.to_owned())
+}
+
+/// The number `"name": N` in a flat JSON object.
+fn json_number(json: &str, name: &str) -> Option<u64> {
+    let start = json.find(&format!("\"{name}\""))? + name.len() + 2;
+    let rest = json[start..].trim_start().strip_prefix(':')?.trim_start();
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }

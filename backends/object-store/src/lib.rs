@@ -42,6 +42,7 @@ mod runtime;
 mod sink;
 mod source;
 mod storage;
+mod throttle;
 mod url;
 
 pub use location::Location;
@@ -49,4 +50,5 @@ pub use options::{MAX_PARTS, MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR};
 pub use runtime::Bridge;
 pub use source::ObjectSource;
 pub use storage::ObjectStorage;
+pub use throttle::{Throttle, ThrottleCounts};
 pub use url::{open_url, open_url_with_retry};

@@ -222,6 +222,13 @@ impl ObjectSink {
         }
         let path = upload.path.clone();
         let context = self.context("completing the multipart upload", &upload);
+        // What the path held before, so that a completion whose answer is lost can be told
+        // from one that failed. A create-new's staging path is new: it held nothing.
+        let before = if self.create_new {
+            None
+        } else {
+            self.version_of(&path)
+        };
         let mut inner = upload.upload;
         let completed = bridge.run(async move {
             match inner.complete().await {
@@ -232,8 +239,40 @@ impl ObjectSink {
                 }
             }
         })?;
-        completed.map_err(|e| convert(context, e).with_key(&self.key))?;
-        Ok(path)
+        match completed {
+            Ok(()) => Ok(path),
+            // The request may have landed and only its answer been lost (a connection reset
+            // mid-response): look before reporting failure.
+            Err(e) if self.completed_at(&path, before.as_ref()) => {
+                let _ = e;
+                Ok(path)
+            }
+            Err(e) => Err(convert(context, e).with_key(&self.key)),
+        }
+    }
+
+    /// The version (ETag, else modification time) of the object at `path`, if any.
+    fn version_of(&self, path: &Path) -> Option<(Option<String>, i64)> {
+        let store = self.store();
+        let path = path.clone();
+        let meta = self
+            .bridge
+            .run(async move { store.head(&path).await })
+            .ok()?
+            .ok()?;
+        Some((meta.e_tag, meta.last_modified.timestamp_micros()))
+    }
+
+    /// Whether `path` now holds an object of the length written that is not the one it held
+    /// `before` the completion.
+    fn completed_at(&self, path: &Path, before: Option<&(Option<String>, i64)>) -> bool {
+        let store = self.store();
+        let target = path.clone();
+        let Ok(Ok(meta)) = self.bridge.run(async move { store.head(&target).await }) else {
+            return false;
+        };
+        let now = (meta.e_tag, meta.last_modified.timestamp_micros());
+        meta.size == self.written && before != Some(&now)
     }
 
     /// Publishes a small container with one (conditional) PUT.

@@ -14,6 +14,7 @@ use crate::options::{MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR};
 use crate::runtime::Bridge;
 use crate::sink::ObjectSink;
 use crate::source::ObjectSource;
+use crate::throttle::Throttle;
 
 /// Containers as objects under a prefix of any `object_store` store.
 ///
@@ -33,6 +34,8 @@ pub struct ObjectStorage {
     prefix: Path,
     bridge: Bridge,
     options: ObjectStoreOptions,
+    /// The pace its requests keep, when [`open_url`](crate::open_url) made it.
+    throttle: Option<Arc<Throttle>>,
 }
 
 impl ObjectStorage {
@@ -51,6 +54,7 @@ impl ObjectStorage {
             prefix: Path::default(),
             bridge,
             options: ObjectStoreOptions::default(),
+            throttle: None,
         }
     }
 
@@ -70,6 +74,19 @@ impl ObjectStorage {
     pub fn with_options(mut self, options: ObjectStoreOptions) -> Self {
         self.options = options;
         self
+    }
+
+    /// Records the [`Throttle`] the store's requests go through (built into the store with
+    /// [`Throttle::connector`]), so [`throttle`](Self::throttle) can report it.
+    #[must_use]
+    pub fn with_throttle(mut self, throttle: Arc<Throttle>) -> Self {
+        self.throttle = Some(throttle);
+        self
+    }
+
+    /// The pace the store's requests keep under throttling, when known.
+    pub fn throttle(&self) -> Option<&Arc<Throttle>> {
+        self.throttle.as_ref()
     }
 
     /// The tuning options.

@@ -9,6 +9,7 @@ use weightbay::{Error, ErrorKind, Result};
 use crate::error::convert;
 use crate::options::ObjectStoreOptions;
 use crate::storage::ObjectStorage;
+use crate::throttle::Throttle;
 
 /// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
 /// `az://container/prefix` (and the https forms `object_store` recognises), `file:///dir`,
@@ -71,6 +72,12 @@ where
     let mut durable = true;
     // Whether the store runs on this machine, which changes how loads are split.
     let local;
+    // Cloud stores pace their requests when throttled; files and memory never are.
+    #[cfg_attr(
+        not(any(feature = "aws", feature = "gcp", feature = "azure")),
+        allow(unused_mut)
+    )]
+    let mut throttle: Option<Arc<Throttle>> = None;
     let store: Arc<dyn ObjectStore> = match scheme {
         #[cfg(feature = "aws")]
         ObjectStoreScheme::AmazonS3 => {
@@ -83,6 +90,10 @@ where
                     .map_err(|e| configure("bad S3 option", e))?;
                 builder = builder.with_config(key, value);
             }
+            let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
+            let shared = Throttle::shared(&store_name(&parsed, endpoint.as_deref()));
+            builder = builder.with_http_connector(shared.connector());
+            throttle = Some(shared);
             if builder
                 .get_config_value(&AmazonS3ConfigKey::CopyIfNotExists)
                 .is_none()
@@ -112,9 +123,11 @@ where
                     .map_err(|e| configure("bad GCS option", e))?;
                 builder = builder.with_config(key, value);
             }
-            local = builder
-                .get_config_value(&GoogleConfigKey::BaseUrl)
-                .is_some_and(|endpoint| is_loopback(&endpoint));
+            let endpoint = builder.get_config_value(&GoogleConfigKey::BaseUrl);
+            let shared = Throttle::shared(&store_name(&parsed, endpoint.as_deref()));
+            builder = builder.with_http_connector(shared.connector());
+            throttle = Some(shared);
+            local = endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             Arc::new(
                 builder
                     .build()
@@ -134,12 +147,15 @@ where
                     .map_err(|e| configure("bad Azure option", e))?;
                 builder = builder.with_config(key, value);
             }
-            local = builder
+            let endpoint = builder.get_config_value(&AzureConfigKey::Endpoint);
+            let emulator = builder
                 .get_config_value(&AzureConfigKey::UseEmulator)
-                .is_some_and(|on| on == "true")
-                || builder
-                    .get_config_value(&AzureConfigKey::Endpoint)
-                    .is_some_and(|endpoint| is_loopback(&endpoint));
+                .is_some_and(|on| on == "true");
+            let name = endpoint.as_deref().or(emulator.then_some("emulator"));
+            let shared = Throttle::shared(&store_name(&parsed, name));
+            builder = builder.with_http_connector(shared.connector());
+            throttle = Some(shared);
+            local = emulator || endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             Arc::new(
                 builder
                     .build()
@@ -169,9 +185,23 @@ where
     let options = defaults
         .with_durable(durable)
         .with_fetch_request_len(defaults.fetch_request_len.filter(|_| !local));
-    Ok(ObjectStorage::new(store)?
+    let storage = ObjectStorage::new(store)?
         .with_prefix(prefix.as_ref())?
-        .with_options(options))
+        .with_options(options);
+    Ok(match throttle {
+        Some(throttle) => storage.with_throttle(throttle),
+        None => storage,
+    })
+}
+
+/// The name a store's shared [`Throttle`] goes by: scheme, bucket and endpoint.
+fn store_name(url: &url::Url, endpoint: Option<&str>) -> String {
+    format!(
+        "{}://{}@{}",
+        url.scheme(),
+        url.host_str().unwrap_or_default(),
+        endpoint.unwrap_or("default")
+    )
 }
 
 /// Whether `endpoint` (a URL) names this machine.

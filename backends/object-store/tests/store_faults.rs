@@ -1,0 +1,307 @@
+//! The object-store backend against the S3 server (moto) behind a proxy that misbehaves as
+//! stores do at scale: throttling (503 SlowDown, 429), connections reset mid-body, requests
+//! that never answer, per-prefix rate limits, refusals. Saves and loads either come through
+//! byte for byte or fail with an error that names the key, the part and the store's answer.
+
+mod support;
+
+use std::time::Duration;
+
+use object_store::{BackoffConfig, RetryConfig};
+use support::SMALL_PARTS;
+use weightbay::{DType, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer};
+use weightbay_conformance::FaultProxy;
+use weightbay_object_store::{
+    MIN_PART_SIZE, ObjectStorage, ObjectStoreOptions, open_url_with_retry,
+};
+
+/// Retries as object_store makes them, with short backoffs so a test takes seconds.
+fn quick_retries(max_retries: usize) -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(200),
+            base: 2.0,
+        },
+        max_retries,
+        retry_timeout: Duration::from_secs(120),
+    }
+}
+
+/// A proxy in front of the S3 server injecting `faults`, and a storage under a fresh prefix
+/// that talks through it with a per-request `timeout`; `None` when the servers are not running.
+fn through_proxy(
+    faults: &str,
+    timeout: &str,
+    retry: RetryConfig,
+) -> Option<(FaultProxy, ObjectStorage)> {
+    through_proxy_at(&unique(), faults, timeout, retry)
+}
+
+/// [`through_proxy`] under a prefix of the caller's choice.
+fn through_proxy_at(
+    prefix: &str,
+    faults: &str,
+    timeout: &str,
+    retry: RetryConfig,
+) -> Option<(FaultProxy, ObjectStorage)> {
+    let base = weightbay_conformance::s3_url()?;
+    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
+    let proxy = FaultProxy::start(&endpoint, faults)?;
+    let url = format!("{base}/store-faults/{prefix}");
+    let storage = open_url_with_retry(
+        &url,
+        [
+            ("aws_endpoint", proxy.url()),
+            ("timeout", timeout.to_owned()),
+        ],
+        retry,
+    )
+    .unwrap_or_else(|e| panic!("opening {url}: {e}"));
+    let parts = ObjectStoreOptions::DEFAULT
+        .with_part_size(MIN_PART_SIZE)
+        .with_parts_in_flight(3)
+        .with_stale_after(SMALL_PARTS.stale_after);
+    Some((proxy, storage.with_options(parts)))
+}
+
+fn unique() -> String {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    format!("{}-{random:x}", std::process::id())
+}
+
+/// A container of `parts` multipart parts and a bit, tensors of 1 MiB.
+fn container(parts: usize, fill: u8) -> Writer {
+    Writer::new(
+        (0..parts * 5 + 1)
+            .map(|i| {
+                let data = vec![fill.wrapping_add(i as u8); 1 << 20];
+                Tensor::new(format!("t{i}"), DType::U8, [1 << 20], data)
+            })
+            .collect(),
+    )
+}
+
+/// Reads the key back through single and batched reads and checks it against `expected`.
+fn assert_stored(storage: &ObjectStorage, key: &str, expected: &[u8]) {
+    let source = storage
+        .open(key)
+        .unwrap_or_else(|e| panic!("open {key}: {e}"));
+    let mut bytes = vec![0; expected.len()];
+    source
+        .read_at(0, &mut bytes)
+        .unwrap_or_else(|e| panic!("read {key}: {e}"));
+    assert!(
+        bytes == expected,
+        "{key} came back different through read_at"
+    );
+    let reader = Reader::open(source).unwrap_or_else(|e| panic!("Reader::open {key}: {e}"));
+    reader
+        .verify()
+        .unwrap_or_else(|e| panic!("verify {key}: {e}"));
+    let expected = Reader::from_bytes(expected.to_vec()).expect("the expected container opens");
+    for (info, tensor) in reader
+        .load_all()
+        .unwrap_or_else(|e| panic!("load_all {key}: {e}"))
+    {
+        assert!(
+            tensor.to_vec().ok() == expected.read(info.name()).ok(),
+            "{key}: {} came back different through load_all",
+            info.name()
+        );
+    }
+}
+
+/// Saves, create-new, listing and loads of a container of several parts, each through the
+/// proxy's `faults`: all come through, byte for byte. Returns how often the proxy did `what`.
+fn survives(faults: &str, what: &str) -> Option<u64> {
+    let (proxy, storage) = through_proxy(faults, "30s", quick_retries(10))?;
+    let expected = container(2, 1).into_bytes().expect("a container");
+    for (key, mode) in [
+        ("a.bpk", WriteMode::Overwrite),
+        ("b.bpk", WriteMode::CreateNew),
+    ] {
+        container(2, 1)
+            .with_mode(mode)
+            .write_to(&storage, key)
+            .unwrap_or_else(|e| panic!("{mode:?} save of {key} through {faults}: {e}"));
+        assert_stored(&storage, key, &expected);
+    }
+    let listed = storage.list("").unwrap_or_else(|e| panic!("list: {e}"));
+    let keys: Vec<&str> = listed.iter().map(|l| l.key.as_str()).collect();
+    assert_eq!(keys, ["a.bpk", "b.bpk"], "listing through {faults}");
+    let refused = container(0, 1)
+        .with_mode(WriteMode::CreateNew)
+        .write_to(&storage, "b.bpk")
+        .expect_err("b.bpk exists");
+    assert_eq!(refused.kind(), ErrorKind::AlreadyExists, "{refused}");
+    Some(proxy.count(what))
+}
+
+#[test]
+fn a_slowdown_storm_is_survived() {
+    let Some(injected) = survives(
+        r#"{"status_share": 0.2, "status": 503, "seed": 1}"#,
+        "status",
+    ) else {
+        return;
+    };
+    assert!(injected > 0, "the proxy answered no request with 503");
+}
+
+#[test]
+fn too_many_requests_are_survived() {
+    let Some(injected) = survives(
+        r#"{"status_share": 0.2, "status": 429, "seed": 2}"#,
+        "status",
+    ) else {
+        return;
+    };
+    assert!(injected > 0, "the proxy answered no request with 429");
+}
+
+#[test]
+fn responses_reset_mid_body_are_survived() {
+    let Some(injected) = survives(r#"{"reset_share": 0.1, "seed": 3}"#, "reset") else {
+        return;
+    };
+    assert!(injected > 0, "the proxy reset no response");
+}
+
+#[test]
+fn requests_reset_mid_body_are_survived() {
+    let Some(injected) = survives(
+        r#"{"request_reset_share": 0.1, "seed": 4}"#,
+        "request_reset",
+    ) else {
+        return;
+    };
+    assert!(injected > 0, "the proxy reset no request");
+}
+
+#[test]
+fn a_rate_limited_prefix_takes_every_write() {
+    let faults = r#"{"rate_limit": {"per_second": 15, "depth": 3}}"#;
+    let Some((proxy, storage)) = through_proxy(faults, "30s", quick_retries(10)) else {
+        return;
+    };
+    let small = |i: usize| Writer::new(vec![Tensor::new("w", DType::U8, [4], vec![i as u8; 4])]);
+    std::thread::scope(|scope| {
+        for thread in 0..4 {
+            let storage = &storage;
+            scope.spawn(move || {
+                for i in 0..10 {
+                    let key = format!("rank-{thread}/{i}.bpk");
+                    small(i)
+                        .write_to(storage, &key)
+                        .unwrap_or_else(|e| panic!("save of {key}: {e}"));
+                }
+            });
+        }
+    });
+    assert_eq!(storage.list("").expect("list").len(), 40);
+    assert!(
+        proxy.count("rate_limited") > 0,
+        "the proxy limited no request"
+    );
+    let counts = storage.throttle().expect("a throttle").counts();
+    assert!(counts.cuts > 0, "the pace was never cut: {counts:?}");
+}
+
+#[test]
+fn a_stalled_part_is_cut_at_the_deadline_and_retried() {
+    let faults = r#"{"stall": {"match": "partNumber=2", "times": 1}}"#;
+    let Some((proxy, storage)) = through_proxy(faults, "2s", quick_retries(3)) else {
+        return;
+    };
+    let expected = container(2, 5).into_bytes().expect("a container");
+    container(2, 5)
+        .write_to(&storage, "stalled.bpk")
+        .unwrap_or_else(|e| panic!("save with one stalled part: {e}"));
+    assert_eq!(proxy.count("stalled"), 1);
+    assert_stored(&storage, "stalled.bpk", &expected);
+}
+
+#[test]
+fn a_part_that_never_answers_fails_naming_key_part_and_deadline() {
+    let faults = r#"{"stall": {"match": "partNumber=2", "times": -1}}"#;
+    let Some((_proxy, storage)) = through_proxy(faults, "1s", quick_retries(1)) else {
+        return;
+    };
+    let error = container(2, 6)
+        .write_to(&storage, "never.bpk")
+        .expect_err("part 2 never answers");
+    let message = format!("{error:#}");
+    assert!(message.contains("never.bpk"), "{message}");
+    assert!(message.contains("part 2"), "{message}");
+    assert!(
+        message.contains("timed out") || message.contains("timeout"),
+        "{message}"
+    );
+    assert!(storage.list("").expect("list").is_empty());
+}
+
+#[test]
+fn a_refusal_names_the_status_and_the_store_code() {
+    let faults =
+        r#"{"fail": {"match": "PUT ", "times": -1, "status": 403, "code": "AccessDenied"}}"#;
+    let Some((_proxy, storage)) = through_proxy(faults, "30s", quick_retries(3)) else {
+        return;
+    };
+    let error = container(0, 7)
+        .write_to(&storage, "refused.bpk")
+        .expect_err("every PUT is refused");
+    let message = format!("{error:#}");
+    assert!(message.contains("refused.bpk"), "{message}");
+    assert!(message.contains("403"), "{message}");
+    assert!(message.contains("AccessDenied"), "{message}");
+}
+
+#[test]
+fn a_completion_whose_answer_is_lost_still_saves() {
+    // The server completes the upload; its answer is cut mid-body. An overwrite of a key that
+    // holds a container of the same length must not mistake the old one for the new.
+    for (mode, cuts) in [(WriteMode::Overwrite, 2), (WriteMode::CreateNew, 1)] {
+        let faults = format!(r#"{{"cut": {{"match": "?uploadId=", "times": {cuts}}}}}"#);
+        let Some((proxy, storage)) = through_proxy(&faults, "30s", quick_retries(3)) else {
+            return;
+        };
+        if mode == WriteMode::Overwrite {
+            container(2, 8)
+                .write_to(&storage, "lost.bpk")
+                .expect("the first save (its completion answer is cut)");
+        }
+        let expected = container(2, 9).into_bytes().expect("a container");
+        container(2, 9)
+            .with_mode(mode)
+            .write_to(&storage, "lost.bpk")
+            .unwrap_or_else(|e| panic!("{mode:?} save: {e}"));
+        assert_eq!(proxy.count("reset"), cuts, "{mode:?}");
+        assert_stored(&storage, "lost.bpk", &expected);
+    }
+}
+
+#[test]
+fn a_refused_completion_fails_even_over_a_container_of_the_same_length() {
+    let prefix = unique();
+    let Some((_clean, storage)) = through_proxy_at(&prefix, "{}", "30s", quick_retries(3)) else {
+        return;
+    };
+    let old = container(2, 10).into_bytes().expect("a container");
+    container(2, 10)
+        .write_to(&storage, "refused.bpk")
+        .expect("the first save");
+    let faults =
+        r#"{"fail": {"match": "?uploadId=", "times": -1, "status": 400, "code": "InvalidPart"}}"#;
+    let Some((_proxy, refusing)) = through_proxy_at(&prefix, faults, "30s", quick_retries(3))
+    else {
+        return;
+    };
+    let error = container(2, 11)
+        .write_to(&refusing, "refused.bpk")
+        .expect_err("the completion is refused");
+    let message = format!("{error:#}");
+    assert!(message.contains("InvalidPart"), "{message}");
+    assert_stored(&storage, "refused.bpk", &old);
+}
