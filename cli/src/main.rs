@@ -346,6 +346,27 @@ fn checkpoints_at(url: &str) -> Result<Checkpoints> {
             location.store
         )));
     }
+    // A prefix that does not exist would list as one without checkpoints: say which it is.
+    let local = match url.split_once("://") {
+        None => Some(url),
+        Some(("file", path)) => Some(path),
+        Some(_) => None,
+    };
+    let missing = match local {
+        Some(path) => !std::path::Path::new(path).exists(),
+        None => location.storage.list(&location.key)?.is_empty(),
+    };
+    if missing {
+        let why = if local.is_some() {
+            format!("`{url}` does not exist")
+        } else {
+            format!(
+                "nothing is stored under `{url}` (an object-store prefix exists only while \
+                 objects are under it)"
+            )
+        };
+        return Err(weightbay::Error::new(weightbay::ErrorKind::NotFound, why));
+    }
     Ok(Checkpoints::over(location.storage, location.key))
 }
 

@@ -456,3 +456,37 @@ fn multi_rank_checkpoints_list_verify_and_copy() {
         "{stdout}"
     );
 }
+
+/// The first two errors a new user meets: a prefix that does not exist, and a cloud URL with
+/// no credentials in the environment (the metadata endpoint pointed at a closed loopback port,
+/// so nothing leaves the machine).
+#[test]
+fn a_missing_prefix_and_missing_credentials_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such/run");
+    let output = weightbay(&["ls", missing.to_str().unwrap()]);
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not exist"), "{stderr}");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weightbay"));
+    for (name, _) in std::env::vars() {
+        if name.starts_with("AWS_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command
+        .args(["ls", "s3://bucket/run"])
+        .env("AWS_METADATA_ENDPOINT", &endpoint)
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no S3 credentials found"), "{stderr}");
+    assert!(stderr.contains("AWS_ACCESS_KEY_ID"), "{stderr}");
+}

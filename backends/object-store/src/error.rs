@@ -15,5 +15,54 @@ pub(crate) fn convert(what: impl Into<String>, error: object_store::Error) -> Er
             | object_store::Error::UnknownConfigurationKey { .. } => ErrorKind::InvalidInput,
             _ => ErrorKind::Io,
         };
+    if let Some(hint) = missing_credentials(&error) {
+        return Error::new(ErrorKind::InvalidInput, hint).with_source(error);
+    }
     Error::new(kind, what).with_source(error)
+}
+
+/// What to say when a store found no credentials in the environment and fell back on the
+/// cloud's instance-metadata endpoint, which failed: object_store's own message names only
+/// that call (`PUT http://169.254.169.254/latest/api/token`), which tells a user off the cloud
+/// nothing about what to set.
+fn missing_credentials(error: &object_store::Error) -> Option<String> {
+    let object_store::Error::Generic { store, source } = error else {
+        return None;
+    };
+    // The paths of the instance-metadata credential calls (EC2's IMDS, GCE's metadata
+    // server, Azure's managed identity), wherever their endpoint was pointed.
+    const METADATA_CALLS: [&str; 4] = [
+        "/latest/api/token",
+        "/latest/meta-data/iam",
+        "/computeMetadata/v1/",
+        "/metadata/identity/oauth2/token",
+    ];
+    let text = source.to_string();
+    if !METADATA_CALLS.iter().any(|call| text.contains(call)) {
+        return None;
+    }
+    let read = match *store {
+        "S3" => {
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
+             ones), or AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, or \
+             AWS_CONTAINER_CREDENTIALS_RELATIVE_URI / AWS_CONTAINER_CREDENTIALS_FULL_URI; \
+             ~/.aws/credentials and AWS_PROFILE are not read"
+        }
+        "GCS" => {
+            "GOOGLE_SERVICE_ACCOUNT (or GOOGLE_SERVICE_ACCOUNT_PATH, GOOGLE_APPLICATION_CREDENTIALS) \
+             naming a service-account JSON file, or GOOGLE_SERVICE_ACCOUNT_KEY holding one, or \
+             the application-default credentials of `gcloud auth application-default login` \
+             (~/.config/gcloud/application_default_credentials.json)"
+        }
+        "MicrosoftAzure" => {
+            "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, or AZURE_STORAGE_SAS_KEY, \
+             or AZURE_CLIENT_ID, AZURE_CLIENT_SECRET and AZURE_TENANT_ID, or AZURE_FEDERATED_TOKEN_FILE"
+        }
+        _ => return None,
+    };
+    Some(format!(
+        "no {store} credentials found: weightbay (through object_store) reads {read}. With none \
+         of them set it asks the cloud's instance-metadata endpoint, which only answers on a \
+         cloud machine, and that failed"
+    ))
 }
