@@ -3,8 +3,9 @@
 #
 #   vars=$(scripts/servers.sh start s3) && eval "$vars"    # moto (S3)
 #   vars=$(scripts/servers.sh start gcs) && eval "$vars"   # fake GCS XML API (test fixture)
+#   vars=$(scripts/servers.sh start azure) && eval "$vars" # Azurite (Azure Blob emulator)
 #   vars=$(scripts/servers.sh start proxy) && eval "$vars" # fault-injecting proxy (tests)
-#   scripts/servers.sh stop s3|gcs|proxy
+#   scripts/servers.sh stop s3|gcs|azure|proxy
 #   scripts/servers.sh stop-all
 #
 # `start` prints only `export VAR=...` lines on stdout (everything else goes to stderr), so its
@@ -19,6 +20,10 @@
 #   gcs: backends/object-store/tests/fixtures/fake_gcs_xml.py (stdlib only) with --versioning.
 #        Prints GOOGLE_SERVICE_ACCOUNT GOOGLE_BUCKET (what GoogleCloudStorageBuilder::from_env()
 #        reads), GCS_ENDPOINT and WEIGHTBAY_GCS_URL.
+#   azure: Azurite's blob service (npm package azurite, installed under $WEIGHTBAY_CACHE/azurite
+#        on first use; needs node and npm), in memory, telemetry off, with container
+#        weightbay-test. Prints AZURE_STORAGE_USE_EMULATOR AZURITE_BLOB_STORAGE_URL
+#        AZURE_CONTAINER_NAME (what MicrosoftAzureBuilder::from_env() reads) and WEIGHTBAY_AZURE_URL.
 #   proxy: scripts/fault_proxy.py (stdlib only): a control port from which each test takes a
 #        proxy of its own, in front of one of the servers above, that injects the faults it
 #        asks for (503 SlowDown, 429, resets mid-body, stalls, latency, per-prefix rate limits).
@@ -29,7 +34,8 @@
 #   WEIGHTBAY_RUN_DIR  pid/log/env/service-account files (default $WEIGHTBAY_CACHE/run)
 #   PYTHON             python used to create the venv and run the GCS fixture (default python3)
 #
-# Needs: bash, python3 with venv + pip (Debian: apt-get install python3-venv) reaching PyPI.
+# Needs: bash, python3 with venv + pip (Debian: apt-get install python3-venv) reaching PyPI;
+# node and npm reaching the npm registry for Azurite.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,19 +48,20 @@ HOST=127.0.0.1                     # never anything else: these servers check no
 FAKE_GCS_PY=$ROOT/backends/object-store/tests/fixtures/fake_gcs_xml.py
 FAULT_PROXY_PY=$ROOT/scripts/fault_proxy.py
 MOTO_REQS=("moto[s3]==5.2.5" "flask<4" "flask-cors<7")   # versions verified in emulators.md
+AZURITE_PKG=azurite@3.35.0                                 # verified against object_store 0.14
 START_TIMEOUT_S=30
 
 log() { echo "servers.sh: $*" >&2; }
 die() { echo "servers.sh: ERROR: $*" >&2; exit 1; }
 usage() {
-  echo "usage: $0 start s3|gcs|proxy | stop s3|gcs|proxy | stop-all" >&2
+  echo "usage: $0 start s3|gcs|azure|proxy | stop s3|gcs|azure|proxy | stop-all" >&2
   exit 2
 }
 
 # Is $1 alive and is its command line ours (guards against a recycled PID)?
 is_ours() { # pid kind
   local pid=$1 pat
-  case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; proxy) pat=fault_proxy.py ;; esac
+  case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; azure) pat=azurite-blob ;; proxy) pat=fault_proxy.py ;; esac
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   alive "$pid" || return 1
   [ -r "/proc/$pid/cmdline" ] || return 0       # no procfs: trust kill -0
@@ -253,6 +260,76 @@ start_gcs() {
   cat "$RUN/gcs.env"
 }
 
+install_azurite() {
+  local dir=$CACHE/azurite
+  if [ -x "$dir/node_modules/.bin/azurite-blob" ] && [ "$(cat "$dir/.weightbay-package" 2>/dev/null)" = "$AZURITE_PKG" ]; then
+    return 0
+  fi
+  command -v npm >/dev/null || die "npm not found (Azurite needs node and npm)"
+  mkdir -p "$dir"
+  log "installing $AZURITE_PKG into $dir"
+  (cd "$dir" && npm install --no-audit --no-fund --loglevel=error "$AZURITE_PKG" >&2) ||
+    die "npm install $AZURITE_PKG failed (is the npm registry reachable?)"
+  echo "$AZURITE_PKG" >"$dir/.weightbay-package"
+}
+
+# Azure's SharedKey signature, for the one request that creates the container.
+create_azure_container() { # url
+  "$PY" - "$1" "$BUCKET" <<'PYTHON'
+import base64, email.utils, hashlib, hmac, http.client, sys
+from urllib.parse import urlsplit
+url, container = urlsplit(sys.argv[1]), sys.argv[2]
+account = "devstoreaccount1"   # Azurite's well-known development account and key
+key = base64.b64decode("Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==")
+date, version = email.utils.formatdate(usegmt=True), "2021-08-06"
+to_sign = "PUT\n" + "\n" * 11 + "x-ms-date:%s\nx-ms-version:%s\n/%s/%s/%s\nrestype:container" % (
+    date, version, account, account, container)
+signature = base64.b64encode(hmac.new(key, to_sign.encode(), hashlib.sha256).digest()).decode()
+connection = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+connection.request("PUT", "/%s/%s?restype=container" % (account, container), headers={
+    "x-ms-date": date, "x-ms-version": version, "Content-Length": "0",
+    "Authorization": "SharedKey %s:%s" % (account, signature)})
+status = connection.getresponse().status
+if status not in (201, 409):
+    sys.exit("creating container %s: HTTP %d" % (container, status))
+PYTHON
+}
+
+start_azure() {
+  mkdir -p "$RUN"
+  already_running azure && return 0
+  command -v "$PY" >/dev/null || die "$PY not found (python3 is required)"
+  install_azurite
+  local try port pid="" logf=$RUN/azure.log
+  for try in 1 2 3; do   # the probed port can be taken before Azurite binds it: retry
+    port=$(free_port) || die "could not find a free port"
+    "$CACHE/azurite/node_modules/.bin/azurite-blob" --blobHost "$HOST" --blobPort "$port" \
+      --inMemoryPersistence --disableTelemetry --skipApiVersionCheck --silent </dev/null >"$logf" 2>&1 &
+    pid=$!
+    if wait_port "$port" "$pid" "$START_TIMEOUT_S"; then break; fi
+    log "Azurite did not come up on $HOST:$port (try $try/3)"
+    show_log "$logf"
+    kill_pid "$pid"
+    pid=""
+  done
+  [ -n "$pid" ] || die "Azurite failed to start; see $logf"
+  echo "$pid" >"$RUN/azure.pid"
+  local url=http://$HOST:$port
+  if ! create_azure_container "$url" >&2; then
+    show_log "$logf"
+    kill_pid "$pid"
+    rm -f "$RUN/azure.pid"
+    die "Azurite started on $url but creating container $BUCKET failed"
+  fi
+  write_env "$RUN/azure.env" \
+    AZURE_STORAGE_USE_EMULATOR=true \
+    "AZURITE_BLOB_STORAGE_URL=$url" \
+    "AZURE_CONTAINER_NAME=$BUCKET" \
+    "WEIGHTBAY_AZURE_URL=az://$BUCKET"
+  log "Azurite ready at $url (pid $pid, container $BUCKET, log $logf)"
+  cat "$RUN/azure.env"
+}
+
 start_proxy() {
   mkdir -p "$RUN"
   already_running proxy && return 0
@@ -308,18 +385,20 @@ case "${1:-}" in
     case "${2:-}" in
       s3) start_s3 ;;
       gcs) start_gcs ;;
+      azure) start_azure ;;
       proxy) start_proxy ;;
       *) usage ;;
     esac ;;
   stop)
     case "${2:-}" in
-      s3 | gcs | proxy) stop_kind "$2" || exit 1 ;;
+      s3 | gcs | azure | proxy) stop_kind "$2" || exit 1 ;;
       *) usage ;;
     esac ;;
   stop-all)
     rc=0
     stop_kind s3 || rc=1
     stop_kind gcs || rc=1
+    stop_kind azure || rc=1
     stop_kind proxy || rc=1
     exit $rc ;;
   *) usage ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one test command: lints, starts the local S3 and GCS servers and the fault proxy the
+# The one test command: lints, starts the local S3, GCS and Azure servers and the fault proxy the
 # object-store tests need, runs every test in the workspace, and smoke-runs the fuzz targets.
 #
 # Environment:
@@ -24,9 +24,9 @@ step "cargo doc (libraries; broken intra-doc links and every rustdoc warning are
 # overwrite each other (cargo issue 6313).
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps --workspace --lib --locked
 
-step "starting the local S3 and GCS servers and the fault proxy"
+step "starting the local S3, GCS and Azure servers and the fault proxy"
 trap 'scripts/servers.sh stop-all >&2 || true' EXIT
-for server in s3 gcs proxy; do
+for server in s3 gcs azure proxy; do
     if exports=$(scripts/servers.sh start "$server"); then
         eval "$exports"
     elif [ "${WEIGHTBAY_REQUIRE_SERVERS:-0}" = 1 ]; then

@@ -490,3 +490,45 @@ fn a_missing_prefix_and_missing_credentials_say_so() {
     assert!(stderr.contains("no S3 credentials found"), "{stderr}");
     assert!(stderr.contains("AWS_ACCESS_KEY_ID"), "{stderr}");
 }
+
+/// `cp`, `inspect`, `verify` and `ls` against the local S3 server and Azurite, as against files.
+#[test]
+fn commands_work_on_the_s3_and_azure_servers() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.bpk");
+    golden(&source);
+    let source = source.to_str().unwrap();
+    for base in [
+        weightbay_conformance::s3_url(),
+        weightbay_conformance::azure_url(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let run = format!("{base}/cli-{}", std::process::id());
+        let remote = format!("{run}/model.bpk");
+        let ok = |args: &[&str]| {
+            let output = weightbay(args);
+            assert!(output.status.success(), "{args:?}: {:?}", text(&output));
+            text(&output).0
+        };
+        ok(&["cp", source, &remote]);
+        assert!(ok(&["inspect", &remote]).contains("layer.weight"));
+        assert!(ok(&["verify", "--require-checksums", &remote]).starts_with("ok:"));
+        let back = dir.path().join("back.bpk");
+        ok(&["cp", &remote, back.to_str().unwrap()]);
+        assert_eq!(
+            std::fs::read(&back).unwrap(),
+            std::fs::read(source).unwrap()
+        );
+        let refused = weightbay(&["cp", "--no-clobber", source, &remote]);
+        assert_eq!(refused.status.code(), Some(1), "{:?}", text(&refused));
+        assert!(ok(&["ls", &run]).contains("(no checkpoints)"));
+        let missing = weightbay(&["ls", &format!("{run}/nothing-here")]);
+        assert!(
+            text(&missing).1.contains("nothing is stored under"),
+            "{:?}",
+            text(&missing)
+        );
+    }
+}

@@ -1,4 +1,4 @@
-//! Whether the local test servers are required, where the S3 one is, and proxies that inject
+//! Whether the local test servers are required, where the S3 and Azure ones are, and proxies that inject
 //! faults in front of them.
 
 /// Whether servers are required (`WEIGHTBAY_REQUIRE_SERVERS=1`, as CI sets).
@@ -14,14 +14,27 @@ pub(crate) fn servers_required() -> bool {
 /// # Panics
 /// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`.
 pub fn s3_url() -> Option<String> {
-    match std::env::var("WEIGHTBAY_S3_URL") {
+    server_url("WEIGHTBAY_S3_URL", "s3", "an S3 server")
+}
+
+/// As [`s3_url`], for the local Azure server (Azurite, `WEIGHTBAY_AZURE_URL`, set by
+/// `scripts/servers.sh start azure`).
+///
+/// # Panics
+/// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`.
+pub fn azure_url() -> Option<String> {
+    server_url("WEIGHTBAY_AZURE_URL", "azure", "an Azure server")
+}
+
+fn server_url(variable: &str, kind: &str, what: &str) -> Option<String> {
+    match std::env::var(variable) {
         Ok(url) => Some(url),
         Err(_) if servers_required() => {
-            panic!("WEIGHTBAY_REQUIRE_SERVERS=1 but WEIGHTBAY_S3_URL is unset")
+            panic!("WEIGHTBAY_REQUIRE_SERVERS=1 but {variable} is unset")
         }
         Err(_) => {
             eprintln!(
-                "skipped: no S3 server (vars=$(scripts/servers.sh start s3) && eval \"$vars\")"
+                "skipped: no {what} (vars=$(scripts/servers.sh start {kind}) && eval \"$vars\")"
             );
             None
         }

@@ -74,3 +74,12 @@ fn killed_at_random_moments_it_resumes_to_the_same_weights_on_the_s3_server() {
     let run = format!("{url}/kill-resume-{}", std::process::id());
     killed_and_resumed(&run);
 }
+
+#[test]
+fn killed_at_random_moments_it_resumes_to_the_same_weights_on_azurite() {
+    let Some(url) = weightbay_conformance::azure_url() else {
+        return;
+    };
+    let run = format!("{url}/kill-resume-{}", std::process::id());
+    killed_and_resumed(&run);
+}

@@ -1,5 +1,5 @@
 //! The object-store backend passes the conformance suite on object_store's InMemory and
-//! LocalFileSystem stores and on the local S3 and GCS servers.
+//! LocalFileSystem stores and on the local S3, GCS and Azure servers.
 
 mod support;
 
@@ -9,5 +9,6 @@ fn main() {
         .backend("local_file_system", support::ByUrl::local_fs())
         .backend("s3", support::ByUrl::s3())
         .backend("gcs", support::ByUrl::gcs())
+        .backend("azure", support::ByUrl::azure())
         .run()
 }

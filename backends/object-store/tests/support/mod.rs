@@ -1,6 +1,6 @@
 //! Conformance harnesses for the object-store backend: object_store's InMemory and
-//! LocalFileSystem, and the local S3 (moto) and GCS (fixture) servers that scripts/test.sh
-//! starts. Every fresh storage is its own prefix.
+//! LocalFileSystem, and the local S3 (moto), GCS (fixture) and Azure (Azurite) servers that
+//! scripts/test.sh starts. Every fresh storage is its own prefix.
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub(crate) mod intercept;
@@ -103,6 +103,14 @@ impl ByUrl {
             .ok()
             .filter(|_| std::env::var("GOOGLE_SERVICE_ACCOUNT").is_ok());
         Self::new(base, "no GCS server: WEIGHTBAY_GCS_URL and GOOGLE_SERVICE_ACCOUNT are unset (scripts/servers.sh start gcs)".into(), server_parts(), None)
+    }
+
+    /// Azurite, named by `WEIGHTBAY_AZURE_URL` and the `AZURE_*` / `AZURITE_*` variables.
+    pub(crate) fn azure() -> Self {
+        let base = std::env::var("WEIGHTBAY_AZURE_URL")
+            .ok()
+            .filter(|_| std::env::var("AZURITE_BLOB_STORAGE_URL").is_ok());
+        Self::new(base, "no Azure server: WEIGHTBAY_AZURE_URL and AZURITE_BLOB_STORAGE_URL are unset (scripts/servers.sh start azure)".into(), server_parts(), None)
     }
 
     fn new(
