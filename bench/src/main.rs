@@ -4,6 +4,7 @@
 //! peers are this crate's dependencies only.
 
 mod cases;
+mod client;
 mod harness;
 mod peers;
 mod report;
@@ -126,8 +127,12 @@ pub(crate) const CASES: &[Case] = &[
     (&["candle"], cases::candle::candle_cases),
     (&["burn"], cases::burn::burn_cases),
     (
-        &["rank commit", "resharded load"],
+        &["rank commit", "throttled commit", "resharded load"],
         cases::ranks::ranks_cases,
+    ),
+    (
+        &["faulty store", "stalled part"],
+        cases::faults::fault_cases,
     ),
 ];
 

@@ -3,13 +3,16 @@
 //! listing) waits a fixed latency before its first byte; with a per-connection bandwidth, every
 //! body (a PUT's, a part's, a GET's response) moves no faster than one connection carries, each
 //! request its own connection as with `object_store`'s HTTP clients, so parallel requests add up
-//! until the machine's own limit. Every request is counted by kind, with the most open at once
-//! and when each write landed.
+//! until the machine's own limit. With prefix limits, a key prefix takes at most so many writes
+//! and reads a second and answers `503 SlowDown` above them, as S3 does. Every request is
+//! counted by kind, with the most open at once, the throttled answers, and when each write
+//! landed.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -36,6 +39,8 @@ pub(crate) struct Counts {
     pub(crate) list_pages: AtomicU64,
     pub(crate) deletes: AtomicU64,
     pub(crate) bytes_got: AtomicU64,
+    /// Requests answered `503 SlowDown` by the prefix limits.
+    pub(crate) throttled: AtomicU64,
     open: AtomicU64,
     most_open: AtomicU64,
     landed: Mutex<Vec<(String, Instant)>>,
@@ -98,12 +103,42 @@ impl Drop for Open {
     }
 }
 
-/// `inner` behind `latency` per request and, optionally, a bandwidth per connection.
+/// How many requests a second one key prefix takes before the store answers `503 SlowDown`:
+/// S3 documents 3,500 writes (PUT, COPY, POST, DELETE) and 5,500 reads (GET, HEAD, LIST) a
+/// second per partitioned prefix.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PrefixLimits {
+    pub(crate) writes_per_second: u64,
+    pub(crate) reads_per_second: u64,
+    /// A prefix is a key's first this many segments.
+    pub(crate) depth: usize,
+}
+
+/// The store's answer above a prefix's limit, as the client sees it.
+#[derive(Debug)]
+pub(crate) struct SlowDown;
+
+impl fmt::Display for SlowDown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("503 SlowDown: Please reduce your request rate")
+    }
+}
+
+impl std::error::Error for SlowDown {}
+
+/// Requests in the current second, by prefix and kind.
+#[derive(Debug, Default)]
+struct Windows(Mutex<HashMap<(String, bool), (u64, u64)>>);
+
+/// `inner` behind `latency` per request and, optionally, a bandwidth per connection and limits
+/// per key prefix.
 #[derive(Debug)]
 pub(crate) struct SlowStore {
     inner: Arc<dyn ObjectStore>,
     latency: Duration,
     bytes_per_second: Option<f64>,
+    limits: Option<PrefixLimits>,
+    windows: Arc<Windows>,
     counts: Arc<Counts>,
 }
 
@@ -114,8 +149,22 @@ impl SlowStore {
             inner,
             latency,
             bytes_per_second: None,
+            limits: None,
+            windows: Arc::default(),
             counts: Arc::default(),
         }
+    }
+
+    /// Each key prefix takes at most `limits` a second; requests above them are answered `503
+    /// SlowDown` (after the latency, as a real answer comes).
+    pub(crate) fn with_prefix_limits(mut self, limits: PrefixLimits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Counts a request to `location` in its prefix's second, and refuses it above the limit.
+    fn admit(&self, location: Option<&Path>, write: bool) -> object_store::Result<()> {
+        admit(self.limits, &self.windows, &self.counts, location, write)
     }
 
     /// Bodies move at most `bytes_per_second` per connection.
@@ -178,6 +227,7 @@ impl ObjectStore for SlowStore {
             payload.content_length(),
         )
         .await;
+        self.admit(Some(location), true)?;
         let put = self.inner.put_opts(location, payload, opts).await?;
         self.counts.land(location);
         Ok(put)
@@ -190,10 +240,13 @@ impl ObjectStore for SlowStore {
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
         self.counts.multipart.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.latency).await;
+        self.admit(Some(location), true)?;
         Ok(Box::new(SlowUpload {
             inner: self.inner.put_multipart_opts(location, opts).await?,
             latency: self.latency,
             bytes_per_second: self.bytes_per_second,
+            limits: self.limits,
+            windows: Arc::clone(&self.windows),
             counts: Arc::clone(&self.counts),
             location: location.clone(),
         }))
@@ -212,6 +265,7 @@ impl ObjectStore for SlowStore {
         counter.fetch_add(1, Ordering::SeqCst);
         let open = Open::new(&self.counts);
         tokio::time::sleep(self.latency).await;
+        self.admit(Some(location), false)?;
         let mut result = self.inner.get_opts(location, options).await?;
         self.counts
             .bytes_got
@@ -268,12 +322,16 @@ impl ObjectStore for SlowStore {
         locations: BoxStream<'static, object_store::Result<Path>>,
     ) -> BoxStream<'static, object_store::Result<Path>> {
         let (counts, latency) = (Arc::clone(&self.counts), self.latency);
+        let (limits, windows) = (self.limits, Arc::clone(&self.windows));
         let delayed = locations
             .then(move |location| {
                 counts.deletes.fetch_add(1, Ordering::SeqCst);
+                let (counts, windows) = (Arc::clone(&counts), Arc::clone(&windows));
                 async move {
                     tokio::time::sleep(latency).await;
-                    location
+                    let location = location?;
+                    admit(limits, &windows, &counts, Some(&location), true)?;
+                    Ok(location)
                 }
             })
             .boxed();
@@ -284,12 +342,17 @@ impl ObjectStore for SlowStore {
     /// them.
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         let (counts, latency) = (Arc::clone(&self.counts), self.latency);
+        let (limits, windows) = (self.limits, Arc::clone(&self.windows));
+        let under = prefix.cloned();
         let listing = self.inner.list(prefix);
         futures::stream::once(async move {
             let all: Vec<_> = listing.collect().await;
             for _ in 0..all.len().div_ceil(PAGE).max(1) {
                 counts.list_pages.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(latency).await;
+                if let Err(e) = admit(limits, &windows, &counts, under.as_ref(), false) {
+                    return futures::stream::iter(vec![Err(e)]);
+                }
             }
             futures::stream::iter(all)
         })
@@ -300,6 +363,7 @@ impl ObjectStore for SlowStore {
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
         self.counts.list_pages.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.latency).await;
+        self.admit(prefix, false)?;
         self.inner.list_with_delimiter(prefix).await
     }
 
@@ -311,10 +375,49 @@ impl ObjectStore for SlowStore {
     ) -> object_store::Result<()> {
         self.counts.puts.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.latency).await;
+        self.admit(Some(to), true)?;
         self.inner.copy_opts(from, to, options).await?;
         self.counts.land(to);
         Ok(())
     }
+}
+
+/// See [`SlowStore::admit`]; also for the uploads it hands out.
+fn admit(
+    limits: Option<PrefixLimits>,
+    windows: &Windows,
+    counts: &Counts,
+    location: Option<&Path>,
+    write: bool,
+) -> object_store::Result<()> {
+    let Some(limits) = limits else {
+        return Ok(());
+    };
+    let prefix: Vec<&str> = location
+        .map(|path| path.as_ref().split('/').take(limits.depth).collect())
+        .unwrap_or_default();
+    let limit = if write {
+        limits.writes_per_second
+    } else {
+        limits.reads_per_second
+    };
+    let second = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut windows = windows.0.lock().unwrap_or_else(PoisonError::into_inner);
+    let window = windows.entry((prefix.join("/"), write)).or_default();
+    if window.0 != second {
+        *window = (second, 0);
+    }
+    window.1 += 1;
+    if window.1 <= limit {
+        return Ok(());
+    }
+    counts.throttled.fetch_add(1, Ordering::SeqCst);
+    Err(object_store::Error::Generic {
+        store: "SlowStore",
+        source: Box::new(SlowDown),
+    })
 }
 
 /// A multipart upload whose part and completion requests wait like any other.
@@ -323,6 +426,8 @@ struct SlowUpload {
     inner: Box<dyn MultipartUpload>,
     latency: Duration,
     bytes_per_second: Option<f64>,
+    limits: Option<PrefixLimits>,
+    windows: Arc<Windows>,
     counts: Arc<Counts>,
     location: Path,
 }
@@ -333,10 +438,17 @@ impl MultipartUpload for SlowUpload {
         self.counts.multipart.fetch_add(1, Ordering::SeqCst);
         let open = Open::new(&self.counts);
         let (latency, rate, len) = (self.latency, self.bytes_per_second, data.content_length());
+        let (limits, windows, counts) = (
+            self.limits,
+            Arc::clone(&self.windows),
+            Arc::clone(&self.counts),
+        );
+        let location = self.location.clone();
         let part = self.inner.put_part(data);
         Box::pin(async move {
             let _open = open;
             SlowStore::send(latency, rate, len).await;
+            admit(limits, &windows, &counts, Some(&location), true)?;
             part.await
         })
     }
@@ -344,6 +456,13 @@ impl MultipartUpload for SlowUpload {
     async fn complete(&mut self) -> object_store::Result<PutResult> {
         self.counts.multipart.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.latency).await;
+        admit(
+            self.limits,
+            &self.windows,
+            &self.counts,
+            Some(&self.location),
+            true,
+        )?;
         let put = self.inner.complete().await?;
         self.counts.land(&self.location);
         Ok(put)

@@ -7,6 +7,7 @@
 //! <prefix>/step-<n>/<save>/…                             one save's containers
 //! <prefix>/step-<n>/ranks/rank-<rank>-of-<world>.json    a rank's manifest
 //! <prefix>/step-<n>/ranks/committer                      the commit intent
+//! <prefix>/step-<n>/ranks/rank-<rank>-of-<world>.failed.json   why a rank failed
 //! ```
 
 /// The commit record's name inside a step's directory.
@@ -55,6 +56,18 @@ pub(crate) fn manifest_key(dir: &str, rank: u32, world_size: u32) -> String {
     format!("{dir}/{RANKS_DIR}/rank-{rank:05}-of-{world_size:05}.json")
 }
 
+/// The key of `rank`'s failure record in step directory `dir`.
+pub(crate) fn failure_key(dir: &str, rank: u32, world_size: u32) -> String {
+    format!("{dir}/{RANKS_DIR}/rank-{rank:05}-of-{world_size:05}.failed.json")
+}
+
+/// The rank and world size a failure record's key in `dir` names, if it is one.
+pub(crate) fn parse_failure_key(dir: &str, key: &str) -> Option<(u32, u32)> {
+    let manifest = format!("{}.json", key.strip_suffix(".failed.json")?);
+    let parsed = parse_manifest_key(dir, &manifest)?;
+    (failure_key(dir, parsed.0, parsed.1) == key).then_some(parsed)
+}
+
 /// The rank and world size a manifest key in `dir` names, if it is one.
 pub(crate) fn parse_manifest_key(dir: &str, key: &str) -> Option<(u32, u32)> {
     let name = key
@@ -77,6 +90,10 @@ mod tests {
         let key = manifest_key("run/step-7", 3, 12);
         assert_eq!(key, "run/step-7/ranks/rank-00003-of-00012.json");
         assert_eq!(parse_manifest_key("run/step-7", &key), Some((3, 12)));
+        let failure = failure_key("run/step-7", 3, 12);
+        assert_eq!(parse_failure_key("run/step-7", &failure), Some((3, 12)));
+        assert_eq!(parse_manifest_key("run/step-7", &failure), None);
+        assert_eq!(parse_failure_key("run/step-7", &key), None);
         for other in [
             "run/step-7/ranks/rank-3-of-12.json",
             "run/step-7/ranks/rank-00012-of-00012.json",

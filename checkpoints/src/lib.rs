@@ -82,9 +82,10 @@ pub use checkpoint::{Checkpoint, CheckpointReport};
 pub use checkpoints::Checkpoints;
 pub use layout::{COMMIT_RECORD, RANKS_DIR};
 pub use listing::{RankProgress, StepState, StepStatus};
-pub use ranks::{RankOutcome, RankSave, Rendezvous};
+pub use ranks::{FAILURE_RECORD_TIMEOUT, RankOutcome, RankSave, Rendezvous};
 pub use record::{
-    CommitRecord, ContainerRecord, LogicalTensor, RankManifest, RankTensor, Region, SliceRecord,
+    CommitRecord, ContainerRecord, LogicalTensor, RankFailure, RankManifest, RankTensor, Region,
+    SliceRecord,
 };
 pub use retention::{GcReport, Retention};
 pub use save::SaveOptions;

@@ -10,7 +10,7 @@ use weightbay::{Error, ErrorKind, Listed, Result};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
 use crate::layout;
-use crate::record::CommitRecord;
+use crate::record::{CommitRecord, FAILURE_VERSION, RankFailure, read_json};
 
 /// A step found under the prefix, committed or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +28,27 @@ pub struct StepStatus {
     pub ranks: Option<RankProgress>,
 }
 
+/// A [`StepStatus`] whose failure records are named but not yet read.
+struct Status {
+    step: u64,
+    record: Option<CommitRecord>,
+    state: StepState,
+    stored_bytes: u64,
+    ranks: Option<(RankProgress, Vec<String>)>,
+}
+
+impl From<Status> for StepStatus {
+    fn from(status: Status) -> Self {
+        Self {
+            step: status.step,
+            record: status.record,
+            state: status.state,
+            stored_bytes: status.stored_bytes,
+            ranks: status.ranks.map(|(progress, _)| progress),
+        }
+    }
+}
+
 /// Whether a step is a checkpoint that can be loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StepState {
@@ -40,7 +61,7 @@ pub enum StepState {
     Uncommitted,
 }
 
-/// How far the ranks of an uncommitted step got, from the manifests listed.
+/// How far the ranks of a step got, from the manifests and failure records listed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RankProgress {
@@ -48,6 +69,9 @@ pub struct RankProgress {
     pub world_size: u32,
     /// The ranks whose manifests are written.
     pub written: Vec<u32>,
+    /// The ranks without a manifest that recorded why their save failed, with the reason
+    /// ([`Checkpoints::list`] reads them; [`Checkpoints::latest`] does not).
+    pub failed: Vec<RankFailure>,
 }
 
 impl RankProgress {
@@ -60,24 +84,33 @@ impl RankProgress {
     }
 }
 
-/// The manifests listed in `dir`'s `stored`, by world size: the ranks written.
-/// The manifests listed in `dir`'s `stored`, by world size: the ranks written.
-fn progress(dir: &str, stored: &[Listed]) -> Option<RankProgress> {
-    let mut by_world: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+/// The manifests listed in `dir`'s `stored`, by world size: the ranks written, and the
+/// failure records of ranks without one (as keys, for the caller to read).
+fn progress(dir: &str, stored: &[Listed]) -> Option<(RankProgress, Vec<String>)> {
+    let mut by_world: BTreeMap<u32, (Vec<u32>, Vec<u32>)> = BTreeMap::new();
     for listed in stored {
         if let Some((rank, world_size)) = layout::parse_manifest_key(dir, &listed.key) {
-            by_world.entry(world_size).or_default().push(rank);
+            by_world.entry(world_size).or_default().0.push(rank);
+        } else if let Some((rank, world_size)) = layout::parse_failure_key(dir, &listed.key) {
+            by_world.entry(world_size).or_default().1.push(rank);
         }
     }
     // Manifests of another world size are a stale attempt's: report the likeliest layout.
-    let (world_size, mut written) = by_world
+    let (world_size, (mut written, failed)) = by_world
         .into_iter()
-        .max_by_key(|(world_size, ranks)| (ranks.len(), *world_size))?;
+        .max_by_key(|(world_size, (ranks, failed))| (ranks.len(), failed.len(), *world_size))?;
     written.sort_unstable();
-    Some(RankProgress {
+    let failures = failed
+        .into_iter()
+        .filter(|rank| written.binary_search(rank).is_err())
+        .map(|rank| layout::failure_key(dir, rank, world_size))
+        .collect();
+    let progress = RankProgress {
         world_size,
         written,
-    })
+        failed: Vec::new(),
+    };
+    Some((progress, failures))
 }
 
 impl Checkpoints {
@@ -90,7 +123,16 @@ impl Checkpoints {
         Ok(self
             .listing()?
             .into_iter()
-            .map(|(step, stored)| self.status(step, &stored))
+            .map(|(step, stored)| {
+                let mut status = self.status(step, &stored);
+                if let Some((progress, failures)) = &mut status.ranks {
+                    progress.failed = failures
+                        .iter()
+                        .map(|key| self.read_failure(step, key))
+                        .collect();
+                }
+                status.into()
+            })
             .collect())
     }
 
@@ -105,9 +147,27 @@ impl Checkpoints {
         Ok(by_step)
     }
 
+    /// The failure record at `key` of `step`, or what stands in for it when it cannot be
+    /// read.
+    fn read_failure(&self, step: u64, key: &str) -> RankFailure {
+        read_json(self.storage.as_ref(), key, "rank failure record").unwrap_or_else(|e| {
+            let dir = self.step_dir(step);
+            let (rank, world_size) = layout::parse_failure_key(&dir, key).unwrap_or_default();
+            RankFailure {
+                weightbay_rank_failure: FAILURE_VERSION,
+                step,
+                rank,
+                world_size,
+                error: format!("its failure record is unreadable: {e}"),
+                time_unix_ms: 0,
+            }
+        })
+    }
+
     /// The state of `step`, whose directory holds `stored`: its commit record is read, if it
-    /// has one, and the containers it names are looked up in `stored`.
-    fn status(&self, step: u64, stored: &[Listed]) -> StepStatus {
+    /// has one, and the containers it names are looked up in `stored`; failure records are
+    /// named, not read.
+    fn status(&self, step: u64, stored: &[Listed]) -> Status {
         let record_key = layout::record_key(&self.step_dir(step));
         let (record, state) = if stored.iter().any(|l| l.key == record_key) {
             match self.read_record(step) {
@@ -120,7 +180,7 @@ impl Checkpoints {
         } else {
             (None, StepState::Uncommitted)
         };
-        StepStatus {
+        Status {
             step,
             record,
             state,

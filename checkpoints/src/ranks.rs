@@ -4,19 +4,25 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use weightbay::backend_kit::unique_token;
-use weightbay::{Durability, Error, ErrorKind, Result, Storage, StorageExt, WriteMode, Writer};
+use weightbay::{
+    CreateOptions, Durability, Error, ErrorKind, Result, Storage, StorageExt, WriteMode, Writer,
+};
 
 use crate::checkpoints::Checkpoints;
 use crate::layout::{self, RANKS_DIR, manifest_key, parse_manifest_key};
 use crate::merge::{in_tensor, merge};
 use crate::record::{
-    CommitRecord, ContainerRecord, MANIFEST_VERSION, RankManifest, RankTensor, Region, encode,
-    read_json,
+    CommitRecord, ContainerRecord, FAILURE_VERSION, MANIFEST_VERSION, RankFailure, RankManifest,
+    RankTensor, Region, encode, now_unix_ms, read_json,
 };
 use crate::recording::{Recording, Summing};
+use crate::retention::delete_if_present;
 
+/// How long a failed rank may spend recording why it failed.
+pub const FAILURE_RECORD_TIMEOUT: Duration = Duration::from_secs(10);
 /// At most this many manifests are read at once while committing.
 const PARALLEL_READS: usize = 64;
 
@@ -96,6 +102,7 @@ pub struct RankSave {
     writer: Writer,
     slices: BTreeMap<String, (Vec<u64>, Region)>,
     rendezvous: Option<Rendezvous>,
+    timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for RankSave {
@@ -105,6 +112,7 @@ impl std::fmt::Debug for RankSave {
             .field("world_size", &self.world_size)
             .field("slices", &self.slices)
             .field("rendezvous", &self.rendezvous.is_some())
+            .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
 }
@@ -120,7 +128,18 @@ impl RankSave {
             writer,
             slices: BTreeMap::new(),
             rendezvous: None,
+            timeout: None,
         }
+    }
+
+    /// Gives the rank's save up `timeout` after it starts: its container and manifest, and
+    /// the commit if this rank makes it, fail with
+    /// [`ErrorKind::TimedOut`](weightbay::ErrorKind::TimedOut) past it (the request in flight
+    /// cut, nothing published), so one rank's stalled upload cannot hold the job for longer.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// Declares the writer's tensor `name` a slice: the `region` of a tensor of `shape`. The
@@ -238,18 +257,28 @@ impl Checkpoints {
     /// uncommitted with every manifest written until any rank runs again (its rerun commits)
     /// or the launcher calls [`commit_ranks`](Self::commit_ranks).
     ///
+    /// A rank whose save fails (for any reason but a caller's mistake or an impostor's
+    /// refusal) records why beside where its manifest would be (best effort, for at most
+    /// [`FAILURE_RECORD_TIMEOUT`]), so [`list`](Self::list) and `weightbay ls` show the failed
+    /// rank and its reason to a launcher deciding whether to wait. Once the rank's manifest is
+    /// written the record no longer shows; the rank's next listing removes it (a rank saving
+    /// with a rendezvous does not list, so then `gc` does).
+    ///
     /// # Errors
+    /// Every error names the rank (`rank 3 of 8, step 100: …`).
     /// [`ErrorKind::InvalidInput`] for a rank outside the world or a slice that does not fit,
     /// and, at commit, for a tensor whose slices overlap or leave a gap (naming it);
-    /// [`ErrorKind::AlreadyExists`] naming the rank when another process wrote this rank's
-    /// manifest with other content; the storage's errors.
+    /// [`ErrorKind::AlreadyExists`] when another process wrote this rank's manifest with
+    /// other content; [`ErrorKind::TimedOut`] past [`RankSave::with_timeout`]; the storage's
+    /// errors.
     pub fn save_rank(&self, step: u64, save: RankSave) -> Result<RankOutcome> {
-        if save.world_size == 0 || save.rank >= save.world_size {
+        let (rank, world_size) = (save.rank, save.world_size);
+        if world_size == 0 || rank >= world_size {
             return Err(Error::invalid(format!(
-                "rank {} of a world of {}",
-                save.rank, save.world_size
+                "rank {rank} of a world of {world_size}"
             )));
         }
+        let named = |e: Error| e.context(format!("rank {rank} of {world_size}, step {step}"));
         let save_dir = format!("{}/{}", self.step_dir(step), unique_token());
         self.saves.lock().ranks_in_flight.push(save_dir.clone());
         let result = self.write_rank(step, &save_dir, save);
@@ -257,13 +286,52 @@ impl Checkpoints {
             .lock()
             .ranks_in_flight
             .retain(|dir| *dir != save_dir);
-        result
+        result.map_err(|e| {
+            let e = named(e);
+            // A caller's mistake (a bad slice) or an impostor's refusal is not a rank failing:
+            // nothing of the rank's is written, and the rank that owns the slot may yet succeed.
+            if !matches!(e.kind(), ErrorKind::InvalidInput | ErrorKind::AlreadyExists) {
+                let failure = layout::failure_key(&self.step_dir(step), rank, world_size);
+                self.record_failure(step, rank, world_size, &failure, &e);
+            }
+            e
+        })
     }
 
-    fn write_rank(&self, step: u64, save_dir: &str, save: RankSave) -> Result<RankOutcome> {
+    /// Writes rank `rank`'s failure record, best effort and within
+    /// [`FAILURE_RECORD_TIMEOUT`].
+    fn record_failure(&self, step: u64, rank: u32, world_size: u32, key: &str, error: &Error) {
+        let failure = RankFailure {
+            weightbay_rank_failure: FAILURE_VERSION,
+            step,
+            rank,
+            world_size,
+            error: error.to_string(),
+            time_unix_ms: now_unix_ms(),
+        };
+        let Ok(body) = encode(&failure) else {
+            return;
+        };
+        let options = CreateOptions::default()
+            .with_expected_len(body.len() as u64)
+            .with_deadline(Instant::now() + FAILURE_RECORD_TIMEOUT);
+        if let Ok(mut sink) = self.storage.create(key, &options)
+            && sink.write(&body).is_ok()
+        {
+            let _ = sink.commit();
+        }
+    }
+
+    fn write_rank(&self, step: u64, save_dir: &str, mut save: RankSave) -> Result<RankOutcome> {
         let dir = self.step_dir(step);
         let format = save.writer.format();
         let durability = save.writer.durability();
+        let deadline = save.timeout.map(|timeout| Instant::now() + timeout);
+        if let Some(deadline) = deadline {
+            save.writer = save.writer.with_deadline(deadline);
+        }
+        let mut small = CreateOptions::default().with_durability(durability);
+        small.deadline = deadline;
         let key = format!("{save_dir}/rank-{:05}.{}", save.rank, format.extension());
         // `save_dir` is `dir` and a token, so the keys written here all start with `dir/`.
         let relative = key[dir.len() + 1..].to_owned();
@@ -324,7 +392,7 @@ impl Checkpoints {
                 );
                 match self
                     .storage
-                    .write_new(&manifest_key, &encode(&manifest)?, durability)
+                    .write_new_with(&manifest_key, &encode(&manifest)?, small)
                 {
                     Ok(()) => (manifest, false),
                     Err(e) if e.kind() == ErrorKind::AlreadyExists => {
@@ -345,10 +413,17 @@ impl Checkpoints {
             Err(e) => return Err(e),
         };
         let outcome = match &save.rendezvous {
-            Some(decide) if decide()? => self.commit_ranks(step, save.world_size)?,
+            Some(decide) if decide()? => {
+                self.commit_unless_committed(step, save.world_size, small)?
+            }
             Some(_) => RankOutcome::Committing,
             None => {
                 let listed = self.storage.list(&format!("{dir}/{RANKS_DIR}"))?;
+                // A failure this rank recorded before is history now.
+                let failure = layout::failure_key(&dir, save.rank, save.world_size);
+                if listed.iter().any(|l| l.key == failure) {
+                    let _ = delete_if_present(self.storage.as_ref(), &failure);
+                }
                 let seen: BTreeSet<u32> = listed
                     .iter()
                     .filter_map(|l| parse_manifest_key(&dir, &l.key))
@@ -361,12 +436,12 @@ impl Checkpoints {
                     return Ok(RankOutcome::Written { missing });
                 }
                 if rerun {
-                    self.commit_ranks(step, save.world_size)?
+                    self.commit_unless_committed(step, save.world_size, small)?
                 } else {
                     let intent = layout::intent_key(&dir);
                     let body = format!("{{\"rank\": {}}}\n", save.rank);
-                    match self.storage.write_new(&intent, body.as_bytes(), durability) {
-                        Ok(()) => self.commit_merged(step, save.world_size)?,
+                    match self.storage.write_new_with(&intent, body.as_bytes(), small) {
+                        Ok(()) => self.commit_merged(step, save.world_size, small)?,
                         Err(e) if e.kind() == ErrorKind::AlreadyExists => RankOutcome::Committing,
                         Err(e) => return Err(e),
                     }
@@ -390,17 +465,33 @@ impl Checkpoints {
     /// [`ErrorKind::Corrupt`] when the committed record differs from these manifests'; the
     /// storage's errors.
     pub fn commit_ranks(&self, step: u64, world_size: u32) -> Result<RankOutcome> {
+        self.commit_unless_committed(step, world_size, CreateOptions::default())
+    }
+
+    /// [`commit_ranks`](Self::commit_ranks) within `options`' deadline.
+    fn commit_unless_committed(
+        &self,
+        step: u64,
+        world_size: u32,
+        options: CreateOptions,
+    ) -> Result<RankOutcome> {
         match self.read_record(step) {
             Ok(record) => return Ok(RankOutcome::CommittedByAnother(record)),
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        self.commit_merged(step, world_size)
+        self.commit_merged(step, world_size, options)
     }
 
-    /// Reads the manifests, merges them and writes the commit record with create-new; a
-    /// record written first by another must be the same (but for its time).
-    fn commit_merged(&self, step: u64, world_size: u32) -> Result<RankOutcome> {
+    /// Reads the manifests, merges them and writes the commit record with create-new (with
+    /// `options`' deadline; the record is written with the default durability, the strongest);
+    /// a record written first by another must be the same (but for its time).
+    fn commit_merged(
+        &self,
+        step: u64,
+        world_size: u32,
+        options: CreateOptions,
+    ) -> Result<RankOutcome> {
         let dir = self.step_dir(step);
         let record_key = layout::record_key(&dir);
         let keys: Vec<String> = (0..world_size)
@@ -408,10 +499,10 @@ impl Checkpoints {
             .collect();
         let manifests = read_all(self.storage.as_ref(), &keys)?;
         let record = merge(step, world_size, manifests)?;
-        let durability = Durability::default();
+        let options = options.with_durability(Durability::default());
         match self
             .storage
-            .write_new(&record_key, &encode(&record)?, durability)
+            .write_new_with(&record_key, &encode(&record)?, options)
         {
             Ok(()) => Ok(RankOutcome::Committed(record)),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {

@@ -13,6 +13,8 @@ use weightbay::{Error, ErrorKind, Result, Storage};
 pub(crate) const RECORD_VERSION: u32 = 1;
 /// The version of the rank manifest's layout this code writes and reads.
 pub(crate) const MANIFEST_VERSION: u32 = 1;
+/// The version of the rank failure record's layout this code writes and reads.
+pub(crate) const FAILURE_VERSION: u32 = 1;
 /// The largest commit record or manifest read.
 const MAX_RECORD_LEN: u64 = 16 * 1024 * 1024;
 
@@ -145,6 +147,26 @@ pub struct SliceRecord {
     pub container: String,
     /// The part of the tensor it holds.
     pub region: Region,
+}
+
+/// Why a rank's save of a step failed, recorded beside where its manifest would be, so a
+/// job's launcher sees the failed rank in [`Checkpoints::list`](crate::Checkpoints::list)
+/// instead of waiting for it. A rank that then succeeds removes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankFailure {
+    /// The layout version of this record (1).
+    pub weightbay_rank_failure: u32,
+    /// The training step.
+    pub step: u64,
+    /// The rank that failed.
+    pub rank: u32,
+    /// How many ranks write the step.
+    pub world_size: u32,
+    /// The error, as the rank saw it (naming the key, the part and the store's answer).
+    pub error: String,
+    /// When it failed, in milliseconds since the Unix epoch.
+    pub time_unix_ms: u64,
 }
 
 /// A box of a tensor: where it starts and how long it is along every dimension.

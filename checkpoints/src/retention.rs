@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use weightbay::{ErrorKind, Result, Storage};
+use weightbay::{ErrorKind, PendingWrite, Result, Storage};
 
 use crate::checkpoints::Checkpoints;
 use crate::layout;
@@ -38,14 +38,16 @@ impl Retention {
     }
 }
 
-/// What [`Checkpoints::gc`] removed.
+/// What [`Checkpoints::gc`] removed, or [`Checkpoints::gc_plan`] would remove.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GcReport {
-    /// Keys of containers no commit record names, removed.
+    /// Keys of containers no commit record names.
     pub orphans: Vec<String>,
-    /// What the storage's own cleanup ([`Storage::clean_pending`]) removed.
-    pub pending: Vec<String>,
+    /// Unfinished writes under the prefix whose writers are gone (scratch files, staged
+    /// objects, multipart uploads and their journals): the storage's own cleanup
+    /// ([`Storage::clean_pending`]).
+    pub pending: Vec<PendingWrite>,
 }
 
 impl Checkpoints {
@@ -114,8 +116,10 @@ impl Checkpoints {
     /// Removes what dead saves left: containers no commit record names, in steps up to the
     /// newest complete checkpoint (a save of a newer step may still be running elsewhere, so
     /// those are left until a newer checkpoint completes), except the save this value has in
-    /// flight; then the storage's own unfinished writes of dead writers
-    /// ([`Storage::clean_pending`], where it has them).
+    /// flight; then the unfinished writes under the prefix whose writers are gone
+    /// ([`Storage::clean_pending`], where the storage has them): a killed process's scratch
+    /// files, staged objects and multipart uploads, which the store would otherwise keep (and
+    /// bill) until a lifecycle rule removes them.
     ///
     /// # Errors
     /// The storage's errors.
@@ -125,18 +129,33 @@ impl Checkpoints {
             delete_if_present(self.storage.as_ref(), key)?;
         }
         let pending = if self.storage.capabilities().pending_listing {
-            self.storage.clean_pending()?
+            self.storage.clean_pending(&self.prefix)?
         } else {
             Vec::new()
         };
         Ok(GcReport { orphans, pending })
     }
 
-    /// The containers [`gc`](Self::gc) would remove, without removing anything.
+    /// What [`gc`](Self::gc) would remove now, without removing anything. An unfinished write
+    /// listed here may still be left by `gc` when it gets there: one whose upload this storage
+    /// cannot abort, or one at a key where a live writer is starting an upload at that moment.
     ///
     /// # Errors
     /// As [`list`](Self::list).
-    pub fn orphans(&self) -> Result<Vec<String>> {
+    pub fn gc_plan(&self) -> Result<GcReport> {
+        let orphans = self.orphans()?;
+        let pending = if self.storage.capabilities().pending_listing {
+            let mut pending = self.storage.pending(&self.prefix)?;
+            pending.retain(|p| p.abandoned);
+            pending
+        } else {
+            Vec::new()
+        };
+        Ok(GcReport { orphans, pending })
+    }
+
+    /// The containers [`gc`](Self::gc) would remove.
+    fn orphans(&self) -> Result<Vec<String>> {
         let statuses = self.list()?;
         let newest_complete = statuses
             .iter()

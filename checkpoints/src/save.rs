@@ -3,9 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use weightbay::backend_kit::unique_token;
-use weightbay::{Error, ErrorKind, Result, ShardedWriter, StorageExt, WriteMode, Writer};
+use weightbay::{
+    CreateOptions, Error, ErrorKind, Result, ShardedWriter, StorageExt, WriteMode, Writer,
+};
 
 use crate::checkpoints::Checkpoints;
 use crate::layout;
@@ -21,6 +24,10 @@ pub struct SaveOptions {
     pub shard_len: Option<u64>,
     /// Stored in the commit record.
     pub metadata: BTreeMap<String, String>,
+    /// How long the whole save (every container and the commit record) may take; past it the
+    /// request in flight is cut, nothing is committed, and the save fails with
+    /// [`ErrorKind::TimedOut`] naming the key (and the part, on an object store).
+    pub timeout: Option<Duration>,
 }
 
 impl SaveOptions {
@@ -31,6 +38,13 @@ impl SaveOptions {
             shard_len: Some(shard_len),
             ..Self::default()
         }
+    }
+
+    /// Sets [`timeout`](Self::timeout).
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// Adds an entry to the commit record's metadata.
@@ -97,6 +111,11 @@ impl Checkpoints {
         let recording = Recording::new(Arc::clone(&self.storage));
         let format = writer.format();
         let durability = writer.durability();
+        let deadline = options.timeout.map(|timeout| Instant::now() + timeout);
+        let writer = match deadline {
+            Some(deadline) => writer.with_deadline(deadline),
+            None => writer,
+        };
         let written = match options.shard_len {
             None => {
                 let key = format!("{save_dir}/model.{}", format.extension());
@@ -141,7 +160,9 @@ impl Checkpoints {
             tensors: BTreeMap::new(),
         };
         let body = encode(&record)?;
-        match self.storage.write_new(&record_key, &body, durability) {
+        let mut options = CreateOptions::default().with_durability(durability);
+        options.deadline = deadline;
+        match self.storage.write_new_with(&record_key, &body, options) {
             Ok(()) => Ok(record),
             Err(e) => {
                 if e.kind() == ErrorKind::AlreadyExists {

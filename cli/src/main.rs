@@ -314,22 +314,22 @@ fn run(command: Command) -> Result<ExitCode> {
             for step in &steps {
                 println!("{verb} checkpoint step {step}");
             }
-            let orphans = if dry_run {
-                checkpoints.orphans()?
+            let report = if dry_run {
+                checkpoints.gc_plan()?
             } else {
-                let report = checkpoints.gc()?;
-                for pending in &report.pending {
-                    println!("{verb} unfinished write {pending}");
-                }
-                report.orphans
+                checkpoints.gc()?
             };
-            for orphan in &orphans {
+            for pending in &report.pending {
+                println!("{verb} unfinished write of {pending}");
+            }
+            for orphan in &report.orphans {
                 println!("{verb} {orphan} (no commit record names it)");
             }
             eprintln!(
-                "{verb} {} checkpoints and {} stray containers",
+                "{verb} {} checkpoints, {} stray containers and {} unfinished writes",
                 steps.len(),
-                orphans.len()
+                report.orphans.len(),
+                report.pending.len()
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -352,9 +352,14 @@ fn checkpoints_at(url: &str) -> Result<Checkpoints> {
         Some(("file", path)) => Some(path),
         Some(_) => None,
     };
+    // Unfinished writes count: a prefix whose only upload was killed is one `gc` cleans.
     let missing = match local {
         Some(path) => !std::path::Path::new(path).exists(),
-        None => location.storage.list(&location.key)?.is_empty(),
+        None => {
+            location.storage.list(&location.key)?.is_empty()
+                && (!location.storage.capabilities().pending_listing
+                    || location.storage.pending(&location.key)?.is_empty())
+        }
     };
     if missing {
         let why = if local.is_some() {
@@ -509,6 +514,25 @@ fn ls_table(statuses: &[StepStatus]) -> String {
         let state = match (&status.state, &status.ranks) {
             (StepState::Complete, _) => "complete".to_owned(),
             (StepState::Damaged(why), _) => format!("DAMAGED: {why}"),
+            (StepState::Uncommitted, Some(progress)) if !progress.failed.is_empty() => {
+                let failed: Vec<u32> = progress.failed.iter().map(|f| f.rank).collect();
+                let silent: Vec<u32> = progress
+                    .missing()
+                    .into_iter()
+                    .filter(|rank| !failed.contains(rank))
+                    .collect();
+                let mut state = format!("uncommitted: rank(s) {} FAILED", rank_list(&failed));
+                if !silent.is_empty() {
+                    state += &format!("; waiting for rank(s) {}", rank_list(&silent));
+                }
+                for failure in progress.failed.iter().take(4) {
+                    state += &format!("\n{:>14}rank {}: {}", "", failure.rank, failure.error);
+                }
+                if progress.failed.len() > 4 {
+                    state += &format!("\n{:>14}and {} more", "", progress.failed.len() - 4);
+                }
+                state
+            }
             (StepState::Uncommitted, Some(progress)) if !progress.missing().is_empty() => {
                 format!(
                     "uncommitted: waiting for rank(s) {} (still writing, or died)",

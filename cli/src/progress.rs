@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use weightbay::{Capabilities, CreateOptions, Result, Sink, Source, Storage};
+use weightbay::{Capabilities, CreateOptions, PendingWrite, Result, Sink, Source, Storage};
 
 /// Forwards to a storage; its sinks report progress. The bar draws only on a terminal.
 #[derive(Debug)]
@@ -45,11 +45,11 @@ impl Storage for Counting {
     fn delete(&self, key: &str) -> Result<()> {
         self.inner.delete(key)
     }
-    fn pending(&self) -> Result<Vec<String>> {
-        self.inner.pending()
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.inner.pending(prefix)
     }
-    fn clean_pending(&self) -> Result<Vec<String>> {
-        self.inner.clean_pending()
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.inner.clean_pending(prefix)
     }
 }
 

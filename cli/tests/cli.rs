@@ -409,19 +409,42 @@ fn multi_rank_checkpoints_list_verify_and_copy() {
     let output = weightbay(&["ls", run]);
     let (stdout, stderr) = text(&output);
     assert!(output.status.success(), "{stderr}");
-    let line = |step: &str| {
-        stdout
-            .lines()
-            .find(|l| l.trim_start().starts_with(step))
-            .unwrap_or_else(|| panic!("no step {step} in {stdout}"))
-            .to_owned()
-    };
+    let line = |step: &str| line_of(&stdout, step);
     assert!(
         line("100").contains("complete") && line("100").contains("  4  "),
         "{stdout}"
     );
     assert!(
         line("200").contains("3/4") && line("200").contains("waiting for rank(s) 2"),
+        "{stdout}"
+    );
+    // A rank whose save fails says so, with its reason, for a launcher deciding whether to
+    // wait.
+    let failing = RankSave::new(
+        1,
+        4,
+        Writer::new(vec![Tensor::deferred("w", DType::F32, [4, 4], 64, || {
+            Err(weightbay::Error::new(
+                weightbay::ErrorKind::Io,
+                "the device read back nothing",
+            ))
+        })]),
+    )
+    .with_slice("w", [16, 4], Region::split(&[16, 4], 0, 4, 1));
+    let error = checkpoints.save_rank(300, failing).unwrap_err();
+    assert!(
+        error.to_string().contains("rank 1 of 4, step 300"),
+        "{error}"
+    );
+    save(300, 0);
+    let output = weightbay(&["ls", run]);
+    let (stdout, _) = text(&output);
+    assert!(
+        line_of(&stdout, "300").contains("rank(s) 1 FAILED; waiting for rank(s) 2, 3"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("rank 1: ") && stdout.contains("the device read back nothing"),
         "{stdout}"
     );
 
@@ -454,6 +477,108 @@ fn multi_rank_checkpoints_list_verify_and_copy() {
     assert!(
         stdout.contains("rank-00002") && stdout.contains("CRC32C"),
         "{stdout}"
+    );
+}
+
+/// The line of `ls` output for `step`.
+fn line_of(stdout: &str, step: &str) -> String {
+    stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with(step))
+        .unwrap_or_else(|| panic!("no step {step} in {stdout}"))
+        .to_owned()
+}
+
+/// `cp` into the S3 server killed mid-upload, again and again: `gc --dry-run` on the prefix
+/// (no checkpoint prefix) lists every unfinished write it would remove, `gc` removes them, and
+/// the server holds no open multipart upload under the prefix afterwards.
+#[test]
+fn gc_removes_what_killed_copies_left_on_any_prefix() {
+    let Some(base) = weightbay_conformance::s3_url() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // 48 MiB: six 8 MiB parts, staged (create-new) then copied to the key.
+    let storage = weightbay_local::LocalStorage::new(dir.path());
+    Writer::new(
+        (0..6)
+            .map(|i| {
+                Tensor::new(
+                    format!("t{i}"),
+                    DType::U8,
+                    [8 << 20],
+                    vec![i as u8; 8 << 20],
+                )
+            })
+            .collect(),
+    )
+    .write_to(&storage, "big.bpk")
+    .unwrap();
+    let source = dir.path().join("big.bpk");
+    let prefix = format!("cli-gc-{}", std::process::id());
+    let uploads = || weightbay_conformance::s3_open_uploads(&prefix).unwrap();
+    let mut killed = 0;
+    for round in 0..6u64 {
+        let before = uploads().len();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weightbay"))
+            .args([
+                "cp",
+                "--no-clobber",
+                source.to_str().unwrap(),
+                &format!("{base}/{prefix}/copy-{round}.bpk"),
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill once this copy's upload is open, at a moment further into it each round.
+        while uploads().len() == before && child.try_wait().unwrap().is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(40 * round));
+        let _ = Command::new("kill")
+            .args(["-KILL", &child.id().to_string()])
+            .status();
+        if !child.wait().unwrap().success() {
+            killed += 1;
+        }
+    }
+    assert!(killed > 0, "every copy finished before its kill");
+    // Requests a killed process sent may still be landing.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let open = weightbay_conformance::s3_open_uploads(&prefix).unwrap();
+    let url = format!("{base}/{prefix}");
+    let output = weightbay(&["gc", "--dry-run", &url]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    let listed = stdout.matches("would delete unfinished write of").count();
+    assert!(listed > 0, "{killed} kills, nothing listed: {stdout}");
+    assert!(
+        stderr.contains(&format!("{listed} unfinished writes")),
+        "{stderr}"
+    );
+    // A dry run removes nothing.
+    assert_eq!(
+        weightbay_conformance::s3_open_uploads(&prefix).unwrap(),
+        open
+    );
+    let output = weightbay(&["gc", &url]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert_eq!(
+        stdout.matches("deleted unfinished write of").count(),
+        listed,
+        "{stdout}"
+    );
+    assert_eq!(
+        weightbay_conformance::s3_open_uploads(&prefix).unwrap(),
+        Vec::<String>::new(),
+        "{killed} kills left {open:?}; gc printed {stdout}"
+    );
+    // Nothing is left to clean: the prefix is gone, or holds only finished copies.
+    let (_, said) = text(&weightbay(&["gc", "--dry-run", &url]));
+    assert!(
+        said.contains("0 unfinished writes") || said.contains("nothing is stored under"),
+        "{said}"
     );
 }
 

@@ -11,7 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use weightbay::backend_kit::{FileHandle, FileSystem};
 use weightbay::{
-    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage,
+    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, Result, Sink,
+    Source, Storage,
 };
 
 /// Counts operations and fails the one numbered `fail_at` (1-based) with
@@ -251,12 +252,12 @@ impl<S: Storage> Storage for Faulty<S> {
         self.plan.storage_op("delete", || self.inner.delete(key))
     }
 
-    fn pending(&self) -> Result<Vec<String>> {
-        self.inner.pending()
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.inner.pending(prefix)
     }
 
-    fn clean_pending(&self) -> Result<Vec<String>> {
-        self.inner.clean_pending()
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.inner.clean_pending(prefix)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {

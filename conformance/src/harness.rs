@@ -27,6 +27,15 @@ pub trait Harness: Send + Sync + 'static {
         &[]
     }
 
+    /// Cases that the server the backend is tested against cannot pass, through no fault of the
+    /// backend: an emulator that lacks what the real store does (conditional writes that are
+    /// not atomic, no object versions), each with the server's limitation in words. The suite
+    /// shows them as not applicable with that reason instead of running them. A defect of the
+    /// backend itself never belongs here.
+    fn server_limitations(&self) -> &[(Case, &'static str)] {
+        &[]
+    }
+
     /// A fresh, empty storage namespace, isolated from every other one this harness made.
     fn fresh(&self) -> Self::Storage;
 

@@ -253,7 +253,7 @@ impl Model {
             self.check_listing(storage)?;
         }
         if storage.capabilities().pending_listing {
-            let pending = storage.pending().map_err(|e| format!("pending: {e}"))?;
+            let pending = storage.pending("").map_err(|e| format!("pending: {e}"))?;
             if !pending.is_empty() {
                 return Err(format!("unfinished writes left behind: {pending:?}"));
             }

@@ -72,7 +72,7 @@ impl FaultProxy {
             }
         };
         let body = format!(r#"{{"upstream": "{upstream}", "faults": {faults}}}"#);
-        let answer = control_request(&control, "POST", "/proxies", &body)
+        let answer = http_request(&control, "POST", "/proxies", &body)
             .unwrap_or_else(|e| panic!("the fault proxy at {control} refused {body}: {e}"));
         let port = json_number(&answer, "port")
             .and_then(|port| u16::try_from(port).ok())
@@ -92,7 +92,7 @@ impl FaultProxy {
     /// When the proxy does not answer.
     pub fn count(&self, what: &str) -> u64 {
         let path = format!("/proxies/{}", self.port);
-        let answer = control_request(&self.control, "GET", &path, "")
+        let answer = http_request(&self.control, "GET", &path, "")
             .unwrap_or_else(|e| panic!("the fault proxy did not answer {path}: {e}"));
         json_number(&answer, what).unwrap_or_else(|| panic!("no `{what}` in {answer}"))
     }
@@ -100,7 +100,7 @@ impl FaultProxy {
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
-        let _ = control_request(
+        let _ = http_request(
             &self.control,
             "DELETE",
             &format!("/proxies/{}", self.port),
@@ -109,10 +109,46 @@ impl Drop for FaultProxy {
     }
 }
 
-/// One request to the proxy's control port (`http://127.0.0.1:PORT`), its body back.
-fn control_request(control: &str, method: &str, path: &str, body: &str) -> std::io::Result<String> {
+/// The multipart uploads open on the local S3 server (`WEIGHTBAY_S3_URL`, `AWS_ENDPOINT`)
+/// under the key prefix `prefix` of its bucket, by key, as the server's ListMultipartUploads
+/// answers: what a killed writer could leave billed. `None` after saying on standard error that
+/// the test skips, when the server is not running.
+///
+/// # Panics
+/// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`, or it does not answer.
+pub fn s3_open_uploads(prefix: &str) -> Option<Vec<String>> {
+    let url = s3_url()?;
+    let bucket = url
+        .trim_start_matches("s3://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
+    // The local server does not check signatures, so a plain request lists what is there.
+    let path = format!("/{bucket}?uploads&prefix={prefix}");
+    let answer = http_request(&endpoint, "GET", &path, "")
+        .unwrap_or_else(|e| panic!("the S3 server at {endpoint} did not answer {path}: {e}"));
+    assert!(
+        !answer.contains("<IsTruncated>true</IsTruncated>"),
+        "more open uploads under {prefix} than one listing holds"
+    );
+    Some(
+        answer
+            .split("<Upload>")
+            .skip(1)
+            .filter_map(|upload| {
+                let key = upload.split_once("<Key>")?.1.split_once("</Key>")?.0;
+                Some(key.to_owned())
+            })
+            .collect(),
+    )
+}
+
+/// One HTTP/1.1 request to a server on this machine (`http://127.0.0.1:PORT`); the body of a
+/// 200 answer, or an error holding the answer.
+fn http_request(base: &str, method: &str, path: &str, body: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
-    let address = control.trim_start_matches("http://").trim_end_matches('/');
+    let address = base.trim_start_matches("http://").trim_end_matches('/');
     let mut stream = std::net::TcpStream::connect(address)?;
     stream.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
     write!(

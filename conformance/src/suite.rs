@@ -106,6 +106,15 @@ impl Suite {
                         Ok(Completion::ignored_with(why))
                     };
                 }
+                if let Some((_, limitation)) = harness
+                    .server_limitations()
+                    .iter()
+                    .find(|(limited, _)| *limited == case)
+                {
+                    return Ok(Completion::ignored_with(format!(
+                        "not applicable on this server: {limitation}"
+                    )));
+                }
                 let outcome = catch_unwind(AssertUnwindSafe(|| case.run(&*harness, &name)))
                     .map_err(|panic| Failed::from(panic_message(&*panic)))?;
                 match verdict(&*harness, case, outcome)? {

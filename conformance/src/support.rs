@@ -247,7 +247,7 @@ pub(crate) fn assert_listing_agrees(
 
 pub(crate) fn assert_nothing_pending(case: &str, context: &str, storage: &dyn Storage) {
     if storage.capabilities().pending_listing {
-        match storage.pending() {
+        match storage.pending("") {
             Ok(pending) if pending.is_empty() => {}
             Ok(pending) => fail!(
                 case,

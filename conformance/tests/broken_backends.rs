@@ -272,3 +272,16 @@ fn a_batched_read_of_the_latest_version_fails_the_readers_case() {
         "{message}"
     );
 }
+
+#[test]
+fn ignoring_deadlines_fails_the_deadline_case() {
+    let message = failure_of(
+        &broken(Defect::IgnoresDeadlines),
+        Case::DeadlinesAreKept,
+        "deadlines_are_kept",
+    );
+    assert!(
+        message.contains("committed after its deadline passed"),
+        "{message}"
+    );
+}

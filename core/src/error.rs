@@ -36,6 +36,9 @@ pub enum ErrorKind {
     Provider,
     /// The caller cancelled the operation (`Writer::with_cancel`, Ctrl-C in the CLI).
     Interrupted,
+    /// The operation did not finish by the caller's deadline (`Writer::with_deadline`,
+    /// [`CreateOptions::deadline`](crate::CreateOptions::deadline)) and was given up.
+    TimedOut,
 }
 
 impl ErrorKind {
@@ -53,6 +56,7 @@ impl ErrorKind {
             Self::Io => "I/O error",
             Self::Provider => "tensor provider failed",
             Self::Interrupted => "interrupted",
+            Self::TimedOut => "timed out",
         }
     }
 }
@@ -122,6 +126,7 @@ impl Error {
             std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
             std::io::ErrorKind::Unsupported => ErrorKind::Unsupported,
             std::io::ErrorKind::UnexpectedEof => ErrorKind::OutOfRange,
+            std::io::ErrorKind::TimedOut => ErrorKind::TimedOut,
             _ => ErrorKind::Io,
         };
         Self::new(kind, message).with_source(source)
@@ -276,6 +281,7 @@ impl From<Error> for std::io::Error {
             ErrorKind::Unsupported => Io::Unsupported,
             ErrorKind::OutOfRange => Io::UnexpectedEof,
             ErrorKind::Interrupted => Io::Interrupted,
+            ErrorKind::TimedOut => Io::TimedOut,
             ErrorKind::WouldCopy | ErrorKind::Changed | ErrorKind::Io | ErrorKind::Provider => {
                 Io::Other
             }

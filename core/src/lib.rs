@@ -66,7 +66,7 @@ pub use memory::{MemorySource, MemoryStorage};
 pub use options::{CreateOptions, Durability, WriteMode};
 pub use reader::{Loaded, Reader, VerifyReport, retry_on_change};
 pub use sharded::{ShardedSummary, ShardedWeights, ShardedWriter};
-pub use storage::{Listed, Sink, Source, Storage, StorageExt};
+pub use storage::{Listed, PendingWrite, Sink, Source, Storage, StorageExt};
 pub use tensor::Tensor;
 pub use weights::{
     StoredTensor, WeightComponentPayload, WeightComponentSpec, WeightEncoding, WeightSegment,

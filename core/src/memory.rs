@@ -5,14 +5,15 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use crate::bytes::SharedBytes;
 use crate::capabilities::Capabilities;
 use crate::keys::{is_under, validate_key, validate_prefix};
-use crate::options::{CreateOptions, WriteMode};
+use crate::options::{CreateOptions, WriteMode, check_deadline};
 use crate::ranges::check_range;
 use crate::reads::fetch_views;
-use crate::storage::{Listed, Sink, Source, Storage};
+use crate::storage::{Listed, PendingWrite, Sink, Source, Storage};
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
 #[derive(Debug, Default)]
@@ -79,6 +80,7 @@ impl Storage for MemoryStorage {
             id,
             key: key.to_owned(),
             create_new: options.mode == WriteMode::CreateNew,
+            deadline: options.deadline,
             buffer: Vec::with_capacity(capacity),
         }))
     }
@@ -100,11 +102,19 @@ impl Storage for MemoryStorage {
         }
     }
 
-    fn pending(&self) -> Result<Vec<String>> {
-        Ok(self.lock().pending.values().cloned().collect())
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        validate_prefix(prefix)?;
+        Ok(self
+            .lock()
+            .pending
+            .iter()
+            .filter(|(_, key)| is_under(key, prefix))
+            .map(|(id, key)| PendingWrite::new(key, format!("open sink {id}"), false))
+            .collect())
     }
 
-    fn clean_pending(&self) -> Result<Vec<String>> {
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        validate_prefix(prefix)?;
         // Every pending entry is a live sink in this process; a dead writer leaves nothing.
         Ok(Vec::new())
     }
@@ -129,16 +139,19 @@ struct MemorySink {
     id: u64,
     key: String,
     create_new: bool,
+    deadline: Option<Instant>,
     buffer: Vec<u8>,
 }
 
 impl Sink for MemorySink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
+        check_deadline(self.deadline, "writing").map_err(|e| e.with_key(&self.key))?;
         self.buffer.extend_from_slice(data);
         Ok(())
     }
 
     fn commit(mut self: Box<Self>) -> Result<()> {
+        check_deadline(self.deadline, "committing").map_err(|e| e.with_key(&self.key))?;
         let data = bytes::Bytes::from(std::mem::take(&mut self.buffer));
         let mut state = self.storage.lock();
         if self.create_new && state.objects.contains_key(&self.key) {

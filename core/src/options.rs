@@ -1,4 +1,6 @@
-//! What a write asks of a storage: overwrite, create-new or in place, and how durable.
+//! What a write asks of a storage: overwrite, create-new or in place, how durable, and by when.
+
+use std::time::Instant;
 
 /// What happens to an existing container at the key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -40,6 +42,12 @@ pub struct CreateOptions {
     /// The container's planned total length, when known (the writer always knows it):
     /// backends use it to size parts or preallocate.
     pub expected_len: Option<u64>,
+    /// When the write must be committed by, if ever: a sink that cannot finish a `write` or
+    /// its `commit` by then gives up with [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut)
+    /// and aborts, leaving the key as it was. Backends that wait on a network cut the request
+    /// in flight at this moment; one whose calls do not block for long (local files) checks it
+    /// between calls.
+    pub deadline: Option<Instant>,
 }
 
 impl CreateOptions {
@@ -62,5 +70,28 @@ impl CreateOptions {
     pub fn with_expected_len(mut self, len: u64) -> Self {
         self.expected_len = Some(len);
         self
+    }
+
+    /// Sets the deadline.
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+}
+
+/// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut), saying the deadline passed before
+/// `what`, once `deadline` has passed: for sinks that keep a
+/// [`CreateOptions::deadline`] between calls.
+///
+/// # Errors
+/// As said.
+pub fn check_deadline(deadline: Option<Instant>, what: &str) -> crate::Result<()> {
+    match deadline {
+        Some(deadline) if Instant::now() >= deadline => Err(crate::Error::new(
+            crate::ErrorKind::TimedOut,
+            format!("the write's deadline passed before {what}"),
+        )),
+        _ => Ok(()),
     }
 }

@@ -87,6 +87,8 @@ fn read_resident<S: Source + ?Sized>(source: &S, range: &Range<u64>) -> Result<B
 ///   readers of the key see what was there before (or nothing).
 /// - Dropping a sink without committing aborts it: the key is exactly as it was and nothing
 ///   is left behind (no scratch file, no pending upload).
+/// - A sink created with a [`CreateOptions::deadline`] that cannot finish a write or its
+///   commit by then fails with [`ErrorKind::TimedOut`], the key as it was.
 /// - After any error from [`write`](Self::write) or [`pad`](Self::pad) the caller drops the
 ///   sink. A failed `commit` leaves the key as it was, with one exception a backend must name
 ///   in the error: the container was published but could not be made durable (a directory
@@ -139,11 +141,12 @@ pub trait Sink: Send {
 ///   [`ErrorKind::NotFound`] if none. A source keeps reading what it opened: a later commit or
 ///   delete never mixes into it.
 /// - [`delete`](Self::delete) removes the key; [`ErrorKind::NotFound`] if absent.
-/// - [`pending`](Self::pending) lists writes started and neither committed nor aborted
-///   that the backend can see (scratch files of dead writers, staged uploads), and
-///   [`clean_pending`](Self::clean_pending) removes those whose writer is gone, when the
-///   backend declares [`Capabilities::pending_listing`]; otherwise both fail with
-///   [`ErrorKind::Unsupported`].
+/// - [`pending`](Self::pending) lists the writes under a prefix that were started and
+///   neither committed nor aborted and that the backend can see (scratch files, staged and
+///   multipart uploads), each saying whether its writer is known to be gone, and
+///   [`clean_pending`](Self::clean_pending) removes exactly those whose writer is gone, when
+///   the backend declares [`Capabilities::pending_listing`]; otherwise both fail with
+///   [`ErrorKind::Unsupported`]. A write in progress is never removed.
 /// - [`list`](Self::list) returns exactly the keys `open` would find under a prefix, with
 ///   their lengths, when the backend declares [`Capabilities::listing`]: never a write in
 ///   progress, an aborted one, a scratch file or a staged upload.
@@ -170,24 +173,29 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// [`ErrorKind::NotFound`], or the backend's error.
     fn delete(&self, key: &str) -> Result<()>;
 
-    /// Keys of unfinished writes.
+    /// The unfinished writes under `prefix` (every one for an empty prefix): a key is under
+    /// it as for [`list`](Self::list).
     ///
     /// # Errors
     /// [`ErrorKind::Unsupported`] unless the backend declares
-    /// [`Capabilities::pending_listing`].
-    fn pending(&self) -> Result<Vec<String>> {
+    /// [`Capabilities::pending_listing`]; [`ErrorKind::InvalidInput`] for a bad prefix.
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        let _ = prefix;
         Err(Error::unsupported(
             "this storage cannot list unfinished writes",
         ))
     }
 
-    /// Removes what dead writers left behind (scratch files of killed processes, abandoned
-    /// uploads) and returns what it removed. Writes still in progress are left alone.
+    /// Removes what dead writers left under `prefix` (scratch files of killed processes,
+    /// abandoned uploads): the [`pending`](Self::pending) writes that are
+    /// [`abandoned`](PendingWrite::abandoned), which it returns. Writes still in progress are
+    /// left alone.
     ///
     /// # Errors
     /// [`ErrorKind::Unsupported`] unless the backend declares
-    /// [`Capabilities::pending_listing`].
-    fn clean_pending(&self) -> Result<Vec<String>> {
+    /// [`Capabilities::pending_listing`]; the backend's error.
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        let _ = prefix;
         Err(Error::unsupported(
             "this storage cannot clean unfinished writes",
         ))
@@ -207,6 +215,41 @@ pub trait Storage: Send + Sync + fmt::Debug {
         Err(Error::unsupported(
             "this storage cannot list its containers",
         ))
+    }
+}
+
+/// A write started and neither committed nor aborted, as [`Storage::pending`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub struct PendingWrite {
+    /// The key the write would publish.
+    pub key: String,
+    /// What holds its bytes, in the backend's terms: a scratch file (its path under the
+    /// root), a staged object, a multipart upload (its id and path).
+    pub held_by: String,
+    /// Whether its writer is known to be gone (its process ended, or it stopped renewing its
+    /// record for longer than the backend allows), so [`Storage::clean_pending`] removes it.
+    pub abandoned: bool,
+}
+
+impl PendingWrite {
+    /// A pending write of `key`, held by `held_by`.
+    pub fn new(key: impl Into<String>, held_by: impl Into<String>, abandoned: bool) -> Self {
+        Self {
+            key: key.into(),
+            held_by: held_by.into(),
+            abandoned,
+        }
+    }
+}
+
+impl fmt::Display for PendingWrite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.key, self.held_by)?;
+        if self.abandoned {
+            f.write_str(", its writer is gone")?;
+        }
+        Ok(())
     }
 }
 
@@ -236,11 +279,11 @@ macro_rules! forward_storage {
             fn delete(&self, key: &str) -> Result<()> {
                 (**self).delete(key)
             }
-            fn pending(&self) -> Result<Vec<String>> {
-                (**self).pending()
+            fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+                (**self).pending(prefix)
             }
-            fn clean_pending(&self) -> Result<Vec<String>> {
-                (**self).clean_pending()
+            fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+                (**self).clean_pending(prefix)
             }
             fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
                 (**self).list(prefix)
@@ -259,9 +302,21 @@ pub trait StorageExt: Storage {
     /// [`ErrorKind::AlreadyExists`] when the key is taken; the storage's errors, naming the key
     /// and the operation.
     fn write_new(&self, key: &str, body: &[u8], durability: Durability) -> Result<()> {
-        let options = CreateOptions::default()
+        self.write_new_with(
+            key,
+            body,
+            CreateOptions::default().with_durability(durability),
+        )
+    }
+
+    /// [`write_new`](Self::write_new) with `options`' durability and deadline (its mode and
+    /// length are create-new and the body's).
+    ///
+    /// # Errors
+    /// As [`write_new`](Self::write_new); [`ErrorKind::TimedOut`] past the deadline.
+    fn write_new_with(&self, key: &str, body: &[u8], options: CreateOptions) -> Result<()> {
+        let options = options
             .with_mode(WriteMode::CreateNew)
-            .with_durability(durability)
             .with_expected_len(body.len() as u64);
         let mut sink = self
             .create(key, &options)

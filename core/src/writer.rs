@@ -5,12 +5,13 @@ use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use crate::background::Background;
 use crate::checksum;
 use crate::dtype::ByteLen;
 use crate::format::{Contents, Format, Limits, Plan, burnpack, safetensors, trailer};
-use crate::options::{CreateOptions, Durability, WriteMode};
+use crate::options::{CreateOptions, Durability, WriteMode, check_deadline};
 use crate::storage::{Sink, Storage};
 use crate::{AccessPolicy, Bytes, Error, ErrorKind, Result, Scalar, Tensor};
 
@@ -61,6 +62,7 @@ pub struct Writer {
     format: Format,
     limits: Limits,
     cancel: Option<Arc<AtomicBool>>,
+    deadline: Option<Instant>,
 }
 
 impl Writer {
@@ -77,6 +79,7 @@ impl Writer {
             format: Format::Burnpack,
             limits: Limits::default(),
             cancel: None,
+            deadline: None,
         }
     }
 
@@ -152,6 +155,17 @@ impl Writer {
         self
     }
 
+    /// Gives the write up once `deadline` passes, failing with [`ErrorKind::TimedOut`] and,
+    /// like any failed write, leaving the key as it was. Checked before every write the sink
+    /// gets and before the commit, and handed to the storage
+    /// ([`CreateOptions::deadline`]) so a backend waiting on a network (a stalled part, a
+    /// store that throttles) gives up at that moment rather than at its next write.
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
     /// The format the container is written in.
     pub fn format(&self) -> Format {
         self.format
@@ -193,6 +207,7 @@ impl Writer {
             format: self.format,
             limits: self.limits,
             cancel: self.cancel.clone(),
+            deadline: self.deadline,
         }
     }
 
@@ -253,17 +268,23 @@ impl Writer {
             tensors: self.tensors.len(),
             trailer: plan.trailer_len > 0,
         };
-        let options = CreateOptions::default()
+        let mut options = CreateOptions::default()
             .with_mode(self.mode)
             .with_durability(self.durability)
             .with_expected_len(summary.len);
+        options.deadline = self.deadline;
         let mut sink = storage
             .create(key, &options)
             .map_err(|e| e.with_operation("create").with_key(key))?;
-        let cancel = self.cancel.clone();
+        let (cancel, deadline) = (self.cancel.clone(), self.deadline);
         self.stream(&plan, sink.as_mut())
             .map_err(|e| e.with_operation("write").with_key(key))?;
-        check_cancel(cancel.as_deref()).map_err(|e| e.with_key(key))?;
+        Stop {
+            cancel: cancel.as_deref(),
+            deadline,
+        }
+        .check("the commit")
+        .map_err(|e| e.with_operation("commit").with_key(key))?;
         sink.commit()
             .map_err(|e| e.with_operation("commit").with_key(key))?;
         Ok(summary)
@@ -331,7 +352,11 @@ impl Writer {
     }
 
     fn stream(self, plan: &Plan, sink: &mut dyn Sink) -> Result<()> {
-        let mut out = Emitter::new(sink, plan.trailer_len > 0, self.cancel.as_deref());
+        let stop = Stop {
+            cancel: self.cancel.as_deref(),
+            deadline: self.deadline,
+        };
+        let mut out = Emitter::new(sink, plan.trailer_len > 0, stop);
         out.write(&plan.head)?;
         let prefix_crc = out.take_crc();
 
@@ -354,15 +379,25 @@ impl Writer {
     }
 }
 
-/// [`ErrorKind::Interrupted`] once `cancel` is set.
-fn check_cancel(cancel: Option<&AtomicBool>) -> Result<()> {
-    if cancel.is_some_and(|flag| flag.load(Ordering::SeqCst)) {
-        return Err(Error::new(
-            ErrorKind::Interrupted,
-            "the write was cancelled",
-        ));
+/// What ends a write early: the caller's cancel flag, and its deadline.
+#[derive(Debug, Clone, Copy)]
+struct Stop<'a> {
+    cancel: Option<&'a AtomicBool>,
+    deadline: Option<Instant>,
+}
+
+impl Stop<'_> {
+    /// [`ErrorKind::Interrupted`] once the flag is set, [`ErrorKind::TimedOut`] (before
+    /// `next`) once the deadline has passed.
+    fn check(&self, next: &str) -> Result<()> {
+        if self.cancel.is_some_and(|flag| flag.load(Ordering::SeqCst)) {
+            return Err(Error::new(
+                ErrorKind::Interrupted,
+                "the write was cancelled",
+            ));
+        }
+        check_deadline(self.deadline, next)
     }
-    Ok(())
 }
 
 fn check_tensor(tensor: &Tensor, limits: &Limits) -> Result<()> {
@@ -448,17 +483,17 @@ const CHECKSUM_IN_PARALLEL_FROM: usize = 1 << 20;
 /// container gets a trailer.
 struct Emitter<'a> {
     sink: &'a mut dyn Sink,
-    cancel: Option<&'a AtomicBool>,
+    stop: Stop<'a>,
     buffer: Vec<u8>,
     checksums: bool,
     crc: u32,
 }
 
 impl<'a> Emitter<'a> {
-    fn new(sink: &'a mut dyn Sink, checksums: bool, cancel: Option<&'a AtomicBool>) -> Self {
+    fn new(sink: &'a mut dyn Sink, checksums: bool, stop: Stop<'a>) -> Self {
         Self {
             sink,
-            cancel,
+            stop,
             // Grown on demand: a checkpoint of large tensors only ever buffers its header.
             buffer: Vec::new(),
             checksums,
@@ -483,18 +518,18 @@ impl<'a> Emitter<'a> {
         if !self.checksums || data.len() < CHECKSUM_IN_PARALLEL_FROM {
             self.checksum(data);
             for chunk in data.chunks(WRITE_CHUNK_LEN) {
-                check_cancel(self.cancel)?;
+                self.stop.check("the next write")?;
                 self.sink.write(chunk)?;
             }
             return Ok(());
         }
         // The checksum runs on a second core while the sink copies the bytes out, so the
         // trailer costs no time on top of the write.
-        let (sink, cancel) = (&mut self.sink, self.cancel);
+        let (sink, stop) = (&mut self.sink, self.stop);
         let data_crc = std::thread::scope(|scope| {
             let checksum = scope.spawn(|| checksum::crc32c(data));
             for chunk in data.chunks(WRITE_CHUNK_LEN) {
-                check_cancel(cancel)?;
+                stop.check("the next write")?;
                 sink.write(chunk)?;
             }
             // The checksum cannot panic; recomputing keeps this free of an unwrap all the same.
@@ -517,13 +552,13 @@ impl<'a> Emitter<'a> {
             return Ok(());
         }
         self.flush()?;
-        check_cancel(self.cancel)?;
+        self.stop.check("the next write")?;
         self.sink.pad(len)
     }
 
     fn flush(&mut self) -> Result<()> {
         if !self.buffer.is_empty() {
-            check_cancel(self.cancel)?;
+            self.stop.check("the next write")?;
             self.sink.write(&self.buffer)?;
             self.buffer.clear();
         }

@@ -189,7 +189,7 @@ fn planning_errors_name_the_tensor_and_create_nothing() {
         ErrorKind::InvalidInput
     );
     assert!(storage.keys().is_empty());
-    assert!(storage.pending().unwrap().is_empty());
+    assert!(storage.pending("").unwrap().is_empty());
 }
 
 /// A failing provider, a wrong produced length and a panicking provider each leave the key
@@ -242,7 +242,7 @@ fn failed_writes_leave_the_old_container() {
                 assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{name}");
             }
             assert_eq!(read_all(&storage), before, "{name}");
-            assert!(storage.pending().unwrap().is_empty(), "{name}");
+            assert!(storage.pending("").unwrap().is_empty(), "{name}");
         }
         let err = failing(provider)
             .with_mode(WriteMode::CreateNew)

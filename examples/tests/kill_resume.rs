@@ -4,11 +4,13 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
 
 use common::Moments;
+use weightbay_checkpoints::Checkpoints;
 
 const PROGRAM: &str = env!("CARGO_BIN_EXE_train-resume");
 
@@ -21,21 +23,26 @@ fn run_to_end(url: &str) -> (String, String) {
     (String::from_utf8(output.stdout).unwrap(), stderr)
 }
 
-/// Kills the loop at random moments until it finishes on its own (or 40 kills landed), then
-/// runs it to its end and checks its result against an uninterrupted run's.
-fn killed_and_resumed(base: &str) {
-    let (reference, _) = run_to_end(&format!("{base}/reference"));
-    let mut moments = Moments::from_env();
-    let url = format!("{base}/killed");
+/// Starts the loop at `url` with `args` and kills it at a random moment up to `within` ms
+/// after it starts, `rounds` times or until it finishes on its own; returns how many kills
+/// landed.
+fn kill_repeatedly(
+    url: &str,
+    args: &[&str],
+    rounds: usize,
+    within: u64,
+    moments: &mut Moments,
+) -> usize {
     let mut kills = 0;
-    for _ in 0..40 {
+    for _ in 0..rounds {
         let mut child = Command::new(PROGRAM)
-            .arg(&url)
+            .arg(url)
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_millis(20 + moments.next(300));
+        let deadline = Instant::now() + Duration::from_millis(20 + moments.next(within));
         while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -49,6 +56,16 @@ fn killed_and_resumed(base: &str) {
             break;
         }
     }
+    kills
+}
+
+/// Kills the loop at random moments until it finishes on its own (or 40 kills landed), then
+/// runs it to its end and checks its result against an uninterrupted run's.
+fn killed_and_resumed(base: &str) {
+    let (reference, _) = run_to_end(&format!("{base}/reference"));
+    let mut moments = Moments::from_env();
+    let url = format!("{base}/killed");
+    let kills = kill_repeatedly(&url, &[], 40, 300, &mut moments);
     assert!(
         kills > 0,
         "no kill landed: the loop ends before the first moment"
@@ -82,4 +99,43 @@ fn killed_at_random_moments_it_resumes_to_the_same_weights_on_azurite() {
     };
     let run = format!("{url}/kill-resume-{}", std::process::id());
     killed_and_resumed(&run);
+}
+
+#[test]
+fn killed_savers_leave_no_upload_after_one_gc_on_the_s3_server() {
+    let Some(base) = weightbay_conformance::s3_url() else {
+        return;
+    };
+    let prefix = format!("kill-gc-{}", std::process::id());
+    let url = format!("{base}/{prefix}");
+    let mut moments = Moments::from_env();
+    // 24 MiB checkpoints, each a multipart upload of three 8 MiB parts, so kills land in them.
+    let args = ["--layer-mib", "12", "--every", "4", "--steps", "400"];
+    let kills = kill_repeatedly(&url, &args, 20, 1500, &mut moments);
+    assert!(kills > 0, "no kill landed");
+    // Requests a killed process sent may still be landing.
+    std::thread::sleep(Duration::from_secs(1));
+    let location = weightbay_object_store::Location::parse(&url).unwrap();
+    let open_before = weightbay_conformance::s3_open_uploads(&prefix).unwrap();
+    let pending_before = location.storage.pending(&location.key).unwrap();
+    let report = Checkpoints::over(Arc::clone(&location.storage), location.key.clone())
+        .gc()
+        .unwrap();
+    eprintln!(
+        "{kills} kills left {} open uploads and {} unfinished writes; one gc removed {} of them and {} stray containers",
+        open_before.len(),
+        pending_before.len(),
+        report.pending.len(),
+        report.orphans.len()
+    );
+    assert_eq!(
+        weightbay_conformance::s3_open_uploads(&prefix).unwrap(),
+        Vec::<String>::new(),
+        "multipart uploads left open after gc"
+    );
+    assert_eq!(
+        location.storage.pending(&location.key).unwrap(),
+        [],
+        "journals or staged objects left after gc"
+    );
 }

@@ -3,7 +3,7 @@
 //! Saves are atomic and, by default, durable: bytes go to a scratch sibling
 //! `<name>.<pid>-<n>.tmp`, which is fsynced, renamed over the destination (or hard-linked for
 //! create-new), and the directory is fsynced. A failed or abandoned save removes its scratch
-//! file and leaves the destination exactly as it was; [`LocalStorage::clean_pending`] removes
+//! file and leaves the destination exactly as it was; `Storage::clean_pending` removes
 //! the scratch files of writers that were killed. Sources keep the open file handle, so a file
 //! replaced after open keeps reading the old bytes, and one truncated after open gives an
 //! error, never a panic. docs/DURABILITY.md states what survives a process kill and a power
@@ -31,15 +31,16 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 pub use std_fs::StdFileSystem;
 use weightbay::backend_kit::{
-    FileHandle, FileSystem, check_range, check_ranges, check_written, lazy_bytes, read_at_parallel,
-    validate_key, validate_prefix,
+    FileHandle, FileSystem, check_deadline, check_range, check_ranges, check_written, lazy_bytes,
+    read_at_parallel, validate_key, validate_prefix,
 };
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind, Listed,
-    Result, Sink, Source, Storage, WriteMode,
+    PendingWrite, Result, Sink, Source, Storage, WriteMode,
 };
 
 /// The suffix of scratch files; the full name is `<name>.<pid>-<n>.tmp`.
@@ -103,39 +104,29 @@ impl LocalStorage {
         Ok(self.root.join(key))
     }
 
-    /// Removes the scratch files of writers that are no longer running (their process id is
-    /// gone) and returns their paths relative to the root. Scratch files of live writers, in
-    /// this process or another, are left alone. Liveness is read from `/proc`: where there is
-    /// none (not Linux), nothing can be proven dead and nothing is removed. A writer in another
-    /// PID namespace looks dead, so do not share a directory across containers while saving.
-    ///
-    /// # Errors
-    /// The file system's error.
-    pub fn clean_pending(&self) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
-        if !Path::new("/proc/self").exists() {
-            return Ok(removed);
-        }
-        for (relative, pid) in self.scratch_files()? {
-            let alive =
-                pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists();
-            if !alive {
-                let path = self.root.join(&relative);
-                self.fs
-                    .remove_file(&path)
-                    .map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
-                removed.push(relative);
-            }
-        }
-        Ok(removed)
-    }
-
-    /// Every scratch file under the root, relative path and writer pid.
-    fn scratch_files(&self) -> Result<Vec<(String, u32)>> {
+    /// The scratch files under `prefix`, each as the write of its key, abandoned when its
+    /// writer's process is no longer running. Liveness is read from `/proc`: where there is
+    /// none (not Linux), nothing can be proven dead. A writer in another PID namespace looks
+    /// dead, so do not share a directory across containers while saving.
+    /// Each with the scratch file's path relative to the root.
+    fn scratch_files(&self, prefix: &str) -> Result<Vec<(PendingWrite, String)>> {
+        validate_prefix(prefix)?;
+        let proc_fs = Path::new("/proc/self").exists();
         Ok(self
-            .files_under("")?
+            .files_under(prefix)?
             .into_iter()
-            .filter_map(|(relative, name)| Some((relative, scratch_pid(&name)?)))
+            .filter_map(|(relative, name)| {
+                let pid = scratch_pid(&name)?;
+                let alive = !proc_fs
+                    || pid == std::process::id()
+                    || Path::new("/proc").join(pid.to_string()).exists();
+                let pending = PendingWrite::new(
+                    scratch_target(&relative)?,
+                    format!("scratch file {relative} of process {pid}"),
+                    !alive,
+                );
+                Some((pending, relative))
+            })
             .collect())
     }
 
@@ -224,6 +215,14 @@ fn remove_new_dirs(fs: &dyn FileSystem, new_dirs: &[PathBuf]) {
     }
 }
 
+/// The key a scratch file at `relative` (`dir/<name>.<pid>-<n>.tmp`) would have published.
+fn scratch_target(relative: &str) -> Option<String> {
+    let stem = relative.strip_suffix(SCRATCH_SUFFIX)?;
+    let (rest, _counter) = stem.rsplit_once('-')?;
+    let (target, _pid) = rest.rsplit_once('.')?;
+    Some(target.to_owned())
+}
+
 /// The writer pid in a scratch name `<name>.<pid>-<n>.tmp`.
 fn scratch_pid(name: &str) -> Option<u32> {
     let stem = name.strip_suffix(SCRATCH_SUFFIX)?;
@@ -277,6 +276,7 @@ impl Storage for LocalStorage {
                 durable,
                 written: 0,
                 expected_len: options.expected_len,
+                deadline: options.deadline,
             }));
         }
         if options.mode == WriteMode::CreateNew && self.fs.open(&path).is_ok() {
@@ -305,6 +305,7 @@ impl Storage for LocalStorage {
             durable,
             written: 0,
             expected_len: options.expected_len,
+            deadline: options.deadline,
             new_dirs,
         }))
     }
@@ -350,16 +351,31 @@ impl Storage for LocalStorage {
         }
     }
 
-    fn pending(&self) -> Result<Vec<String>> {
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
         Ok(self
-            .scratch_files()?
+            .scratch_files(prefix)?
             .into_iter()
-            .map(|(path, _)| path)
+            .map(|(pending, _)| pending)
             .collect())
     }
 
-    fn clean_pending(&self) -> Result<Vec<String>> {
-        LocalStorage::clean_pending(self)
+    /// Removes the scratch files of writers that are no longer running; those of live
+    /// writers, in this process or another, are left alone.
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        let mut removed = Vec::new();
+        for (pending, relative) in self.scratch_files(prefix)? {
+            if !pending.abandoned {
+                continue;
+            }
+            let path = self.root.join(relative);
+            match self.fs.remove_file(&path) {
+                Ok(()) => removed.push(pending),
+                // Its writer was not dead after all, or another cleanup was first.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("removing {}", path.display()), e)),
+            }
+        }
+        Ok(removed)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
@@ -379,12 +395,15 @@ struct AtomicSink {
     durable: bool,
     written: u64,
     expected_len: Option<u64>,
+    /// A file write does not block for long, so the deadline is kept between calls.
+    deadline: Option<Instant>,
     /// Directories created for this save, deepest first.
     new_dirs: Vec<PathBuf>,
 }
 
 impl Sink for AtomicSink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
+        check_deadline(self.deadline, "writing")?;
         let file = self
             .file
             .as_mut()
@@ -397,6 +416,7 @@ impl Sink for AtomicSink {
 
     fn commit(mut self: Box<Self>) -> Result<()> {
         check_written(self.expected_len, self.written)?;
+        check_deadline(self.deadline, "committing")?;
         let Some(file) = self.file.take() else {
             return Err(Error::new(ErrorKind::Io, "sink already committed"));
         };
@@ -498,10 +518,12 @@ struct InPlaceSink {
     durable: bool,
     written: u64,
     expected_len: Option<u64>,
+    deadline: Option<Instant>,
 }
 
 impl Sink for InPlaceSink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
+        check_deadline(self.deadline, "writing")?;
         self.file
             .write_all(data)
             .map_err(|e| io_error("writing", &self.path, e))?;
@@ -511,6 +533,7 @@ impl Sink for InPlaceSink {
 
     fn commit(self: Box<Self>) -> Result<()> {
         check_written(self.expected_len, self.written)?;
+        check_deadline(self.deadline, "committing")?;
         if self.durable {
             self.file
                 .sync_all()

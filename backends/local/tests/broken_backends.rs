@@ -306,5 +306,5 @@ fn create_new_without_an_exclusive_name_fails_clearly_and_leaves_nothing() {
     assert!(error.to_string().contains("a.bpk"), "{error}");
     assert!(error.to_string().contains("neither hard links"), "{error}");
     assert!(storage.list("").expect("list").is_empty());
-    assert!(storage.pending().expect("pending").is_empty());
+    assert!(storage.pending("").expect("pending").is_empty());
 }

@@ -3,7 +3,9 @@
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
-use weightbay::{DType, Durability, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer};
+use weightbay::{
+    DType, Durability, ErrorKind, PendingWrite, Reader, Storage, Tensor, WriteMode, Writer,
+};
 use weightbay_local::LocalStorage;
 
 fn container(fill: u8, len: usize) -> Writer {
@@ -111,20 +113,31 @@ fn clean_pending_removes_only_dead_writers_scratch_files() {
         b"in progress",
     )
     .unwrap();
-    let mut pending = storage.pending().unwrap();
+    let scratch = |path: String, pid: u32, abandoned: bool| {
+        let key = if path.starts_with("sub/") {
+            "sub/m.bpk"
+        } else {
+            "m.bpk"
+        };
+        PendingWrite::new(
+            key,
+            format!("scratch file {path} of process {pid}"),
+            abandoned,
+        )
+    };
+    let live_scratch = scratch(format!("m.bpk.{live}-99.tmp"), live, false);
+    let dead_scratch = scratch(format!("sub/m.bpk.{dead}-7.tmp"), dead, true);
+    let mut pending = storage.pending("").unwrap();
     pending.sort();
+    assert_eq!(pending, [live_scratch.clone(), dead_scratch.clone()]);
+    // A prefix scopes both.
     assert_eq!(
-        pending,
-        [
-            format!("m.bpk.{live}-99.tmp"),
-            format!("sub/m.bpk.{dead}-7.tmp")
-        ]
+        storage.pending("sub").unwrap(),
+        std::slice::from_ref(&dead_scratch)
     );
-    assert_eq!(
-        storage.clean_pending().unwrap(),
-        [format!("sub/m.bpk.{dead}-7.tmp")]
-    );
-    assert_eq!(storage.pending().unwrap(), [format!("m.bpk.{live}-99.tmp")]);
+    assert!(storage.clean_pending("other").unwrap().is_empty());
+    assert_eq!(storage.clean_pending("").unwrap(), [dead_scratch]);
+    assert_eq!(storage.pending("").unwrap(), [live_scratch]);
     assert!(dir.path().join("sub/m.bpk").exists());
 }
 
@@ -143,7 +156,7 @@ fn flushed_durability_still_publishes_atomically() {
             .unwrap(),
         vec![4; 100]
     );
-    assert!(storage.pending().unwrap().is_empty());
+    assert!(storage.pending("").unwrap().is_empty());
 }
 
 #[test]

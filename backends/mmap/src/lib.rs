@@ -34,8 +34,8 @@ use std::sync::Arc;
 use memmap2::{Advice, Mmap};
 use weightbay::backend_kit::{check_range, fetch_views, validate_key};
 use weightbay::{
-    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Listed, Result, Sink, Source,
-    Storage,
+    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Listed, PendingWrite, Result,
+    Sink, Source, Storage,
 };
 use weightbay_local::LocalStorage;
 
@@ -115,12 +115,12 @@ impl Storage for MmapStorage {
         self.local.delete(key)
     }
 
-    fn pending(&self) -> Result<Vec<String>> {
-        self.local.pending()
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.local.pending(prefix)
     }
 
-    fn clean_pending(&self) -> Result<Vec<String>> {
-        self.local.clean_pending()
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.local.clean_pending(prefix)
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {

@@ -36,13 +36,17 @@
 //! ```
 
 mod error;
+mod journal;
+mod landed;
 mod location;
 mod options;
+mod pending;
 mod runtime;
 mod sink;
 mod source;
 mod storage;
 mod throttle;
+mod uploads;
 mod url;
 
 pub use location::Location;

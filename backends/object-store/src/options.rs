@@ -1,5 +1,5 @@
 //! Tuning an [`ObjectStorage`](crate::ObjectStorage): part sizes, parts in flight, the fetch
-//! budget, and what counts as a stale staged upload.
+//! budget, what counts as a dead writer's upload, and how long a write may take.
 
 use std::time::Duration;
 
@@ -42,9 +42,19 @@ pub struct ObjectStoreOptions {
     /// request is work for the same cores; some emulators (moto) even read the whole object for
     /// each ranged GET.
     pub fetch_request_len: Option<u64>,
-    /// Staged create-new uploads older than this are
-    /// [`Storage::clean_pending`](weightbay::Storage::clean_pending)'s to remove. Default one hour.
+    /// A staged create-new upload, or the journal of a multipart upload whose writer runs on
+    /// another machine, that is older than this is a dead writer's, for
+    /// [`Storage::clean_pending`](weightbay::Storage::clean_pending) to remove. A writer
+    /// renews its journal every half of this while it uploads (at most once a second). Default
+    /// one hour.
     pub stale_after: Duration,
+    /// How long any one write may take, start to commit, when its
+    /// [`CreateOptions::deadline`](weightbay::CreateOptions::deadline) sets none: past it the
+    /// request in flight is cut, the upload aborted, and the write fails with
+    /// [`ErrorKind::TimedOut`](weightbay::ErrorKind::TimedOut) naming the key and the part.
+    /// Default `None`: a write ends when its requests do (each retried as object_store's
+    /// `RetryConfig` says).
+    pub save_timeout: Option<Duration>,
 }
 
 impl Default for ObjectStoreOptions {
@@ -62,6 +72,7 @@ impl ObjectStoreOptions {
         fetch_budget: 256 * 1024 * 1024,
         fetch_request_len: Some(16 * 1024 * 1024),
         stale_after: Duration::from_secs(3600),
+        save_timeout: None,
     };
 
     /// Sets [`part_size`](Self::part_size).
@@ -103,6 +114,13 @@ impl ObjectStoreOptions {
     #[must_use]
     pub const fn with_stale_after(mut self, age: Duration) -> Self {
         self.stale_after = age;
+        self
+    }
+
+    /// Sets [`save_timeout`](Self::save_timeout).
+    #[must_use]
+    pub const fn with_save_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.save_timeout = timeout;
         self
     }
 

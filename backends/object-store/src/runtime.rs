@@ -84,6 +84,25 @@ impl Bridge {
             .map_err(|_| Error::new(ErrorKind::Io, "the object-store runtime shut down"))
     }
 
+    /// [`run`](Self::run), giving up at `deadline` (when there is one): the future is then
+    /// dropped, which cancels the requests it had in flight, and the answer is `None`.
+    pub(crate) fn run_until<F>(
+        &self,
+        deadline: Option<std::time::Instant>,
+        future: F,
+    ) -> Result<Option<F::Output>>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match deadline {
+            None => self.run(future).map(Some),
+            Some(deadline) => {
+                self.run(async move { tokio::time::timeout_at(deadline.into(), future).await.ok() })
+            }
+        }
+    }
+
     /// Starts `future` on the runtime without waiting for it.
     pub(crate) fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
     where

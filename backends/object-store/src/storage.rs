@@ -1,20 +1,24 @@
 //! [`ObjectStorage`]: weightbay's storage contract over any `object_store` store.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::TryStreamExt;
+use object_store::multipart::MultipartStore;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use weightbay::backend_kit::{validate_key, validate_prefix};
-use weightbay::{Capabilities, CreateOptions, Error, Listed, Result, Sink, Source, Storage};
+use weightbay::{
+    Capabilities, CreateOptions, Error, Listed, PendingWrite, Result, Sink, Source, Storage,
+};
 
 use crate::error::convert;
+use crate::journal::JOURNAL_SUFFIX;
 use crate::options::{MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR};
 use crate::runtime::Bridge;
-use crate::sink::ObjectSink;
+use crate::sink::{ObjectSink, SinkContext};
 use crate::source::ObjectSource;
 use crate::throttle::Throttle;
+use crate::uploads::UploadLister;
 
 /// Containers as objects under a prefix of any `object_store` store.
 ///
@@ -24,22 +28,42 @@ use crate::throttle::Throttle;
 /// sends no condition on completing a multipart upload. It is uploaded to a staging key under
 /// [`STAGING_DIR`] and then copied to its key with a conditional copy (`copy_if_not_exists`),
 /// which fails if anything is there; the staging object is then deleted. A crash in between
-/// leaves a staging object, never a partial container; [`Storage::clean_pending`] removes
-/// staging objects older than [`ObjectStoreOptions::stale_after`]. On S3 the conditional
-/// copy is a multipart copy of one part, so create-new of containers over 5 GiB is refused
-/// there.
-#[derive(Debug, Clone)]
+/// leaves a staging object, never a partial container; [`Storage::clean_pending`] removes it
+/// once its writer is gone (see [`journaled`](Self::journaled)), or, for a store without
+/// upload journals, once it is older than [`ObjectStoreOptions::stale_after`]. On S3 the
+/// conditional copy is a multipart copy of one part, so create-new of containers over 5 GiB is
+/// refused there.
+#[derive(Clone)]
 pub struct ObjectStorage {
-    store: Arc<dyn ObjectStore>,
-    prefix: Path,
-    bridge: Bridge,
-    options: ObjectStoreOptions,
+    pub(crate) store: Arc<dyn ObjectStore>,
+    /// The same store's multipart API, when it has one: uploads are then journaled.
+    pub(crate) multipart: Option<Arc<dyn MultipartStore>>,
+    /// Lists a key's open uploads, where the store can (S3).
+    pub(crate) uploads: Option<Arc<UploadLister>>,
+    pub(crate) prefix: Path,
+    pub(crate) bridge: Bridge,
+    pub(crate) options: ObjectStoreOptions,
     /// The pace its requests keep, when [`open_url`](crate::open_url) made it.
     throttle: Option<Arc<Throttle>>,
 }
 
+impl std::fmt::Debug for ObjectStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStorage")
+            .field("store", &self.store)
+            .field("journaled", &self.multipart.is_some())
+            .field("prefix", &self.prefix)
+            .field("options", &self.options)
+            .field("throttle", &self.throttle)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ObjectStorage {
-    /// Objects of `store`, under no prefix, on a runtime owned by this storage.
+    /// Objects of `store`, under no prefix, on a runtime owned by this storage. Its
+    /// multipart uploads are `object_store`'s, whose ids it cannot record: one a killed
+    /// writer leaves is removed by the store's lifecycle rules only. Prefer
+    /// [`journaled`](Self::journaled) for a store that has a multipart API.
     ///
     /// # Errors
     /// [`ErrorKind::Io`](weightbay::ErrorKind::Io) when the runtime cannot start.
@@ -47,10 +71,25 @@ impl ObjectStorage {
         Ok(Self::with_bridge(store, Bridge::owned()?))
     }
 
+    /// Objects of `store` (S3, GCS, Azure and InMemory are both), whose multipart uploads are
+    /// recorded in a journal beside their key, so that
+    /// [`clean_pending`](Storage::clean_pending) (what `gc` runs) aborts the uploads of writers
+    /// that died. [`open_url`](crate::open_url) opens stores this way.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn journaled<S: ObjectStore + MultipartStore>(store: Arc<S>) -> Result<Self> {
+        let mut storage = Self::new(Arc::clone(&store) as Arc<dyn ObjectStore>)?;
+        storage.multipart = Some(store);
+        Ok(storage)
+    }
+
     /// Objects of `store` on the given runtime bridge.
     pub fn with_bridge(store: Arc<dyn ObjectStore>, bridge: Bridge) -> Self {
         Self {
             store,
+            multipart: None,
+            uploads: None,
             prefix: Path::default(),
             bridge,
             options: ObjectStoreOptions::default(),
@@ -99,6 +138,12 @@ impl ObjectStorage {
         &self.store
     }
 
+    /// The underlying store's multipart API, when uploads are journaled
+    /// ([`journaled`](Self::journaled)).
+    pub fn multipart_store(&self) -> Option<&Arc<dyn MultipartStore>> {
+        self.multipart.as_ref()
+    }
+
     /// The prefix keys live under.
     pub fn prefix(&self) -> &Path {
         &self.prefix
@@ -107,14 +152,25 @@ impl ObjectStorage {
     /// The object path of `key`.
     fn path(&self, key: &str) -> Result<Path> {
         validate_key(key)?;
-        if key.split('/').next() == Some(STAGING_DIR) {
-            return Err(
-                Error::invalid(format!("keys under `{STAGING_DIR}/` are reserved")).with_key(key),
-            );
+        if key.split('/').any(|segment| segment == STAGING_DIR) {
+            return Err(Error::invalid(format!(
+                "keys with a `{STAGING_DIR}` segment are reserved for staged uploads"
+            ))
+            .with_key(key));
         }
-        Ok(key
-            .split('/')
-            .fold(self.prefix.clone(), |path, segment| path.join(segment)))
+        if key.ends_with(JOURNAL_SUFFIX) {
+            return Err(Error::invalid(format!(
+                "keys ending in `{JOURNAL_SUFFIX}` are reserved for upload journals"
+            ))
+            .with_key(key));
+        }
+        Ok(self.object_path(key))
+    }
+
+    /// The object path of a key, unchecked.
+    pub(crate) fn object_path(&self, key: &str) -> Path {
+        key.split('/')
+            .fold(self.prefix.clone(), |path, segment| path.join(segment))
     }
 
     /// Opens `key` as an [`ObjectSource`], for [`ObjectSource::fetch`].
@@ -132,30 +188,12 @@ impl ObjectStorage {
         )
     }
 
-    fn staging_prefix(&self) -> Path {
+    pub(crate) fn staging_prefix(&self) -> Path {
         self.prefix.clone().join(STAGING_DIR)
     }
 
-    /// Staging objects, with their age.
-    fn staged(&self) -> Result<Vec<(Path, Duration)>> {
-        let store = Arc::clone(&self.store);
-        let prefix = self.staging_prefix();
-        let listed = self
-            .bridge
-            .run(async move { store.list(Some(&prefix)).try_collect::<Vec<_>>().await })?;
-        let objects = listed.map_err(|e| convert("listing staged uploads", e))?;
-        let now = chrono_now();
-        Ok(objects
-            .into_iter()
-            .map(|meta| {
-                let age =
-                    now.saturating_sub(meta.last_modified.timestamp().try_into().unwrap_or(0));
-                (meta.location, Duration::from_secs(age))
-            })
-            .collect())
-    }
-
-    fn relative(&self, path: &Path) -> String {
+    /// `path` as a key of this storage (the whole path when it lies outside the prefix).
+    pub(crate) fn relative(&self, path: &Path) -> String {
         path.prefix_match(&self.prefix)
             .map(|parts| {
                 parts
@@ -184,13 +222,6 @@ impl ObjectStorage {
     }
 }
 
-/// Seconds since the Unix epoch.
-fn chrono_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 impl Storage for ObjectStorage {
     fn capabilities(&self) -> Capabilities {
         let capabilities = Capabilities::NONE
@@ -208,15 +239,14 @@ impl Storage for ObjectStorage {
         let path = self.path(key)?;
         self.capabilities().check(options)?;
         self.check_part_size().map_err(|e| e.with_key(key))?;
-        Ok(Box::new(ObjectSink::new(
-            Arc::clone(&self.store),
-            self.staging_prefix(),
-            self.bridge.clone(),
-            self.options,
-            key,
-            path,
-            options,
-        )?))
+        let context = SinkContext {
+            store: Arc::clone(&self.store),
+            multipart: self.multipart.clone(),
+            staging: self.staging_prefix(),
+            bridge: self.bridge.clone(),
+            tuning: self.options,
+        };
+        Ok(Box::new(ObjectSink::new(context, key, path, options)?))
     }
 
     fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
@@ -234,31 +264,25 @@ impl Storage for ObjectStorage {
         result.map_err(|e| convert("deleting the object", e).with_key(key))
     }
 
-    fn pending(&self) -> Result<Vec<String>> {
+    /// Journals of multipart uploads under `prefix`, and staged create-new uploads no
+    /// journal names: see `pending.rs`.
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
         Ok(self
-            .staged()?
-            .iter()
-            .map(|(path, _)| self.relative(path))
+            .unfinished(prefix)?
+            .into_iter()
+            .map(|(_, pending)| pending)
             .collect())
     }
 
-    fn clean_pending(&self) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
-        for (path, age) in self.staged()? {
-            if age >= self.options.stale_after {
-                let store = Arc::clone(&self.store);
-                let target = path.clone();
-                self.bridge
-                    .run(async move { store.delete(&target).await })?
-                    .map_err(|e| convert("removing a staged upload", e))?;
-                removed.push(self.relative(&path));
-            }
-        }
-        Ok(removed)
+    /// Aborts the uploads of journals whose writer is gone, removes their staged objects and
+    /// the journals, and removes staged uploads older than
+    /// [`ObjectStoreOptions::stale_after`] that no journal names.
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.remove_abandoned(prefix)
     }
 
-    /// One LIST request per page of 1,000 objects (S3, GCS, Azure); staged create-new uploads
-    /// and unfinished multipart uploads are not objects and never appear.
+    /// One LIST request per page of 1,000 objects (S3, GCS, Azure); staged create-new uploads,
+    /// upload journals and unfinished multipart uploads never appear.
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         validate_prefix(prefix)?;
         let under = if prefix.is_empty() {
@@ -276,8 +300,9 @@ impl Storage for ObjectStorage {
             .into_iter()
             .filter_map(|meta| {
                 let key = self.relative(&meta.location);
-                let listed =
-                    key.split('/').next() != Some(STAGING_DIR) && validate_key(&key).is_ok();
+                let listed = !key.split('/').any(|segment| segment == STAGING_DIR)
+                    && !key.ends_with(JOURNAL_SUFFIX)
+                    && validate_key(&key).is_ok();
                 listed.then_some(Listed {
                     key,
                     len: meta.size,

@@ -98,6 +98,14 @@ impl Throttle {
         self.pace.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Waits for a request's turn at the current pace and returns when it went: what an HTTP
+    /// client of its own does before each request (the [`connector`](Self::connector)'s client
+    /// does it for object_store's). Report the answer with [`observe`](Self::observe).
+    pub async fn pace(&self) -> Instant {
+        tokio::time::sleep_until(self.slot().into()).await;
+        Instant::now()
+    }
+
     /// When the next request may go, taking its slot.
     fn slot(&self) -> Instant {
         let now = Instant::now();
@@ -115,8 +123,9 @@ impl Throttle {
         slot
     }
 
-    /// Learns from the answer to a request sent at `sent`.
-    fn answered(&self, sent: Instant, status: Option<u16>) {
+    /// Learns from the answer (its HTTP status; `None` when none came) to a request that went
+    /// at `sent`, as [`pace`](Self::pace) returned it.
+    pub fn observe(&self, sent: Instant, status: Option<u16>) {
         let now = Instant::now();
         let mut pace = self.lock();
         let throttled = matches!(status, Some(503 | 429));
@@ -179,12 +188,10 @@ struct Throttled {
 #[async_trait]
 impl HttpService for Throttled {
     async fn call(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
-        let slot = self.throttle.slot();
-        tokio::time::sleep_until(slot.into()).await;
-        let sent = Instant::now();
+        let sent = self.throttle.pace().await;
         let response = self.inner.execute(request).await;
         self.throttle
-            .answered(sent, response.as_ref().ok().map(|r| r.status().as_u16()));
+            .observe(sent, response.as_ref().ok().map(|r| r.status().as_u16()));
         response
     }
 }
@@ -197,7 +204,7 @@ mod tests {
         for &status in statuses {
             let sent = Instant::now();
             throttle.slot();
-            throttle.answered(sent, Some(status));
+            throttle.observe(sent, Some(status));
         }
     }
 

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use object_store::multipart::MultipartStore;
 use object_store::{ObjectStore, ObjectStoreScheme};
 use weightbay::{Error, ErrorKind, Result};
 
@@ -10,6 +11,7 @@ use crate::error::convert;
 use crate::options::ObjectStoreOptions;
 use crate::storage::ObjectStorage;
 use crate::throttle::Throttle;
+use crate::uploads::UploadLister;
 
 /// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
 /// `az://container/prefix` (and the https forms `object_store` recognises), `file:///dir`,
@@ -78,7 +80,10 @@ where
         allow(unused_mut)
     )]
     let mut throttle: Option<Arc<Throttle>> = None;
-    let store: Arc<dyn ObjectStore> = match scheme {
+    // A store that lists a key's open uploads (S3), for cleaning up after killed writers.
+    #[cfg_attr(not(feature = "aws"), allow(unused_mut))]
+    let mut uploads: Option<Arc<UploadLister>> = None;
+    let (store, multipart): (Arc<dyn ObjectStore>, Option<Arc<dyn MultipartStore>>) = match scheme {
         #[cfg(feature = "aws")]
         ObjectStoreScheme::AmazonS3 => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -104,11 +109,15 @@ where
             local = builder
                 .get_config_value(&AmazonS3ConfigKey::Endpoint)
                 .is_some_and(|endpoint| is_loopback(&endpoint));
-            Arc::new(
+            let store = Arc::new(
                 builder
                     .build()
                     .map_err(|e| configure("configuring S3", e))?,
-            )
+            );
+            uploads = Some(Arc::new(
+                UploadLister::new(store.clone()).map_err(|e| configure("configuring S3", e))?,
+            ));
+            (store.clone(), Some(store))
         }
         #[cfg(feature = "gcp")]
         ObjectStoreScheme::GoogleCloudStorage => {
@@ -128,11 +137,12 @@ where
             builder = builder.with_http_connector(shared.connector());
             throttle = Some(shared);
             local = endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
-            Arc::new(
+            let store = Arc::new(
                 builder
                     .build()
                     .map_err(|e| configure("configuring GCS", e))?,
-            )
+            );
+            (store.clone(), Some(store))
         }
         #[cfg(feature = "azure")]
         ObjectStoreScheme::MicrosoftAzure => {
@@ -156,19 +166,23 @@ where
             builder = builder.with_http_connector(shared.connector());
             throttle = Some(shared);
             local = emulator || endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
-            Arc::new(
+            let store = Arc::new(
                 builder
                     .build()
                     .map_err(|e| configure("configuring Azure", e))?,
-            )
+            );
+            (store.clone(), Some(store))
         }
         ObjectStoreScheme::Local => {
             (durable, local) = (false, true);
-            Arc::new(object_store::local::LocalFileSystem::new())
+            // Local files have no multipart ids: a killed writer's upload is a scratch file
+            // object_store leaves beside the key.
+            (Arc::new(object_store::local::LocalFileSystem::new()), None)
         }
         ObjectStoreScheme::Memory => {
             (durable, local) = (false, true);
-            Arc::new(object_store::memory::InMemory::new())
+            let store = Arc::new(object_store::memory::InMemory::new());
+            (store.clone(), Some(store))
         }
         other => {
             return Err(Error::new(
@@ -185,9 +199,10 @@ where
     let options = defaults
         .with_durable(durable)
         .with_fetch_request_len(defaults.fetch_request_len.filter(|_| !local));
-    let storage = ObjectStorage::new(store)?
-        .with_prefix(prefix.as_ref())?
-        .with_options(options);
+    let mut storage = ObjectStorage::new(store)?;
+    storage.multipart = multipart;
+    storage.uploads = uploads;
+    let storage = storage.with_prefix(prefix.as_ref())?.with_options(options);
     Ok(match throttle {
         Some(throttle) => storage.with_throttle(throttle),
         None => storage,

@@ -76,3 +76,13 @@ fn a_copy_that_ignores_its_condition_fails_the_interleaved_commits_case() {
         "{message}"
     );
 }
+
+#[test]
+fn a_copy_that_ignores_its_condition_fails_the_large_create_new_race() {
+    let message = failure_of(
+        &DefectiveStore(StoreDefect::IgnoresCopyCondition),
+        Case::LargeCreateNewRaceHasOneWinner,
+        "large_create_new_race_has_one_winner",
+    );
+    assert!(message.contains("writers won"), "{message}");
+}

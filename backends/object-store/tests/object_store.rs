@@ -214,7 +214,7 @@ fn dropped_or_failed_uploads_leave_no_object() {
         .write_to(&storage, "m.bpk")
         .unwrap();
     assert!(
-        storage.pending().unwrap().is_empty(),
+        storage.pending("").unwrap().is_empty(),
         "the staging object is gone after publishing"
     );
     let err = multipart_writer(1)
@@ -267,7 +267,7 @@ fn multipart_on_server(harness: &ByUrl, list_uploads: Option<&dyn Fn() -> String
         storage.open("dropped.bpk").unwrap_err().kind(),
         ErrorKind::NotFound
     );
-    assert!(storage.pending().unwrap().is_empty());
+    assert!(storage.pending("").unwrap().is_empty());
     if let Some(list_uploads) = list_uploads {
         let listing = list_uploads();
         assert!(

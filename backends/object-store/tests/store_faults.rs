@@ -5,11 +5,12 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use object_store::{BackoffConfig, RetryConfig};
 use support::SMALL_PARTS;
 use weightbay::{DType, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer};
+use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region, SaveOptions};
 use weightbay_conformance::FaultProxy;
 use weightbay_object_store::{
     MIN_PART_SIZE, ObjectStorage, ObjectStoreOptions, open_url_with_retry,
@@ -26,6 +27,15 @@ fn quick_retries(max_retries: usize) -> RetryConfig {
         max_retries,
         retry_timeout: Duration::from_secs(120),
     }
+}
+
+/// The server a proxy stands in front of.
+#[derive(Debug, Clone, Copy)]
+enum Server {
+    /// moto.
+    S3,
+    /// The GCS fixture.
+    Gcs,
 }
 
 /// A proxy in front of the S3 server injecting `faults`, and a storage under a fresh prefix
@@ -45,14 +55,43 @@ fn through_proxy_at(
     timeout: &str,
     retry: RetryConfig,
 ) -> Option<(FaultProxy, ObjectStorage)> {
-    let base = weightbay_conformance::s3_url()?;
-    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
+    proxied(Server::S3, prefix, faults, timeout, retry)
+}
+
+/// A proxy in front of `server` injecting `faults`, and a storage under `prefix` through it.
+fn proxied(
+    server: Server,
+    prefix: &str,
+    faults: &str,
+    timeout: &str,
+    retry: RetryConfig,
+) -> Option<(FaultProxy, ObjectStorage)> {
+    let (base, endpoint_variable, endpoint_option) = match server {
+        Server::S3 => (
+            weightbay_conformance::s3_url()?,
+            "AWS_ENDPOINT",
+            "aws_endpoint",
+        ),
+        Server::Gcs => match std::env::var("WEIGHTBAY_GCS_URL") {
+            Ok(url) => (url, "GCS_ENDPOINT", "google_base_url"),
+            Err(_) if std::env::var("WEIGHTBAY_REQUIRE_SERVERS").is_ok_and(|v| v == "1") => {
+                panic!("WEIGHTBAY_REQUIRE_SERVERS=1 but WEIGHTBAY_GCS_URL is unset")
+            }
+            Err(_) => {
+                eprintln!(
+                    "skipped: no GCS server (vars=$(scripts/servers.sh start gcs) && eval \"$vars\")"
+                );
+                return None;
+            }
+        },
+    };
+    let endpoint = std::env::var(endpoint_variable).ok()?;
     let proxy = FaultProxy::start(&endpoint, faults)?;
     let url = format!("{base}/store-faults/{prefix}");
     let storage = open_url_with_retry(
         &url,
         [
-            ("aws_endpoint", proxy.url()),
+            (endpoint_option, proxy.url()),
             ("timeout", timeout.to_owned()),
         ],
         retry,
@@ -116,7 +155,12 @@ fn assert_stored(storage: &ObjectStorage, key: &str, expected: &[u8]) {
 /// Saves, create-new, listing and loads of a container of several parts, each through the
 /// proxy's `faults`: all come through, byte for byte. Returns how often the proxy did `what`.
 fn survives(faults: &str, what: &str) -> Option<u64> {
-    let (proxy, storage) = through_proxy(faults, "30s", quick_retries(10))?;
+    survives_on(Server::S3, faults, what)
+}
+
+/// [`survives`] through a proxy in front of `server`.
+fn survives_on(server: Server, faults: &str, what: &str) -> Option<u64> {
+    let (proxy, storage) = proxied(server, &unique(), faults, "30s", quick_retries(10))?;
     let expected = container(2, 1).into_bytes().expect("a container");
     for (key, mode) in [
         ("a.bpk", WriteMode::Overwrite),
@@ -178,6 +222,30 @@ fn requests_reset_mid_body_are_survived() {
         return;
     };
     assert!(injected > 0, "the proxy reset no request");
+}
+
+#[test]
+fn the_gcs_server_through_the_proxy_survives_throttling_and_resets() {
+    for (faults, what) in [
+        (
+            r#"{"status_share": 0.2, "status": 503, "seed": 5}"#,
+            "status",
+        ),
+        (
+            r#"{"status_share": 0.2, "status": 429, "seed": 6}"#,
+            "status",
+        ),
+        (r#"{"reset_share": 0.1, "seed": 7}"#, "reset"),
+        (
+            r#"{"request_reset_share": 0.1, "seed": 8}"#,
+            "request_reset",
+        ),
+    ] {
+        let Some(injected) = survives_on(Server::Gcs, faults, what) else {
+            return;
+        };
+        assert!(injected > 0, "the proxy injected no {what} with {faults}");
+    }
 }
 
 #[test]
@@ -304,4 +372,98 @@ fn a_refused_completion_fails_even_over_a_container_of_the_same_length() {
     let message = format!("{error:#}");
     assert!(message.contains("InvalidPart"), "{message}");
     assert_stored(&storage, "refused.bpk", &old);
+}
+
+#[test]
+fn a_save_past_its_timeout_fails_on_time_naming_key_and_part() {
+    let faults = r#"{"stall": {"match": "partNumber=2", "times": -1}}"#;
+    // Requests wait longer than the save may take: the save's own bound must cut them.
+    let Some((_proxy, storage)) = through_proxy(faults, "60s", quick_retries(3)) else {
+        return;
+    };
+    let bound = Duration::from_secs(3);
+    let timed = storage.options().with_save_timeout(Some(bound));
+    let storage = storage.with_options(timed);
+    let started = Instant::now();
+    let error = container(2, 12)
+        .write_to(&storage, "late.bpk")
+        .expect_err("part 2 never answers");
+    let took = started.elapsed();
+    assert!(
+        took >= bound && took <= bound + Duration::from_secs(1),
+        "the error came after {took:?}, the bound is {bound:?}"
+    );
+    assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
+    let message = format!("{error:#}");
+    for named in ["late.bpk", "part 2", "deadline"] {
+        assert!(message.contains(named), "`{named}` is not in: {message}");
+    }
+    assert!(storage.list("").expect("list").is_empty());
+    // The upload was aborted and its journal removed within the grace the bound allows.
+    assert_eq!(storage.pending("").expect("pending"), []);
+}
+
+#[test]
+fn a_checkpoint_save_past_its_timeout_commits_nothing() {
+    let faults = r#"{"stall": {"match": "partNumber=2", "times": -1}}"#;
+    let Some((_proxy, storage)) = through_proxy(faults, "60s", quick_retries(3)) else {
+        return;
+    };
+    let checkpoints = Checkpoints::new(storage, "run");
+    let bound = Duration::from_secs(2);
+    let started = Instant::now();
+    let error = checkpoints
+        .save_with(
+            1,
+            container(2, 13),
+            SaveOptions::default().with_timeout(bound),
+        )
+        .expect_err("part 2 never answers");
+    assert!(started.elapsed() <= bound + Duration::from_secs(1));
+    assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
+    assert!(format!("{error:#}").contains("part 2"), "{error:#}");
+    assert_eq!(checkpoints.steps().expect("steps"), Vec::<u64>::new());
+}
+
+#[test]
+fn a_rank_that_fails_says_so_in_the_listing() {
+    let prefix = unique();
+    let Some((_clean, healthy)) = through_proxy_at(&prefix, "{}", "30s", quick_retries(3)) else {
+        return;
+    };
+    let faults = r#"{"stall": {"match": "partNumber=2", "times": -1}}"#;
+    let Some((_proxy, stalling)) = through_proxy_at(&prefix, faults, "60s", quick_retries(3))
+    else {
+        return;
+    };
+    let save = |rank: u32| {
+        let region = Region::split(&[2, 1 << 20], 0, 2, u64::from(rank));
+        let slice = vec![rank as u8; 1 << 20];
+        let mut tensors = vec![Tensor::new("w", DType::U8, region.lengths.clone(), slice)];
+        if rank == 1 {
+            // Over one part, so the stalled second part is in it.
+            tensors.push(Tensor::new("big", DType::U8, [6 << 20], vec![9u8; 6 << 20]));
+        }
+        RankSave::new(rank, 2, Writer::new(tensors))
+            .with_slice("w", [2, 1 << 20], region)
+            .with_timeout(Duration::from_secs(2))
+    };
+    let outcome = Checkpoints::new(healthy.clone(), "run")
+        .save_rank(7, save(0))
+        .expect("rank 0 saves");
+    assert!(
+        matches!(outcome, RankOutcome::Written { .. }),
+        "{outcome:?}"
+    );
+    let error = Checkpoints::new(stalling, "run")
+        .save_rank(7, save(1))
+        .expect_err("rank 1's second part never answers");
+    let message = format!("{error:#}");
+    assert!(message.contains("rank 1 of 2, step 7"), "{message}");
+    let listed = Checkpoints::new(healthy, "run").list().expect("list");
+    let progress = listed[0].ranks.as_ref().expect("a multi-rank step");
+    assert_eq!(progress.written, [0]);
+    assert_eq!(progress.failed.len(), 1, "{progress:?}");
+    assert_eq!(progress.failed[0].rank, 1);
+    assert!(progress.failed[0].error.contains("part 2"), "{progress:?}");
 }

@@ -3,6 +3,7 @@
 pub(crate) mod burn;
 pub(crate) mod candle;
 pub(crate) mod encode;
+pub(crate) mod faults;
 pub(crate) mod lifecycle;
 pub(crate) mod load;
 pub(crate) mod object_store;

@@ -1,8 +1,10 @@
-//! Multi-rank checkpoints' figures: the commit protocol simulated with 8, 64 and 256 ranks
-//! over object_store's InMemory behind 20 ms per request (time from the last manifest to a
-//! visible commit against the protocol's round trips, and every request counted), and a
-//! resharded load from the S3 server (bytes fetched against the bytes the loading rank
-//! needs, and time against the same rows of a single-process checkpoint).
+//! Multi-rank checkpoints' figures: the commit protocol simulated with 8 to 1,024 ranks over
+//! object_store's InMemory behind 20 ms per request (time from the last manifest to a visible
+//! commit against the protocol's round trips, and every request counted); 4,096 ranks against
+//! the same store answering 503 above S3's per-prefix limits (each rank its own throttle and
+//! retries), against the store without limits; and a resharded load from the S3 server (bytes
+//! fetched against the bytes the loading rank needs, and time against the same rows of a
+//! single-process checkpoint).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -10,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use weightbay::{Error, ErrorKind, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, RankSave, Region};
-use weightbay_object_store::ObjectStorage;
+use weightbay_object_store::{Bridge, ObjectStorage};
 
 use crate::Bench;
+use crate::client::{RankClient, Retries};
 use crate::harness::{median, print_runs};
 use crate::report::Row;
-use crate::store::{PAGE, SlowStore};
+use crate::store::{PAGE, PrefixLimits, SlowStore};
 
 /// The latency of every request in the simulation, as a cloud store's.
 const LATENCY: Duration = Duration::from_millis(20);
@@ -23,6 +26,9 @@ const LATENCY: Duration = Duration::from_millis(20);
 const PARALLEL_READS: u64 = 64;
 
 pub(crate) fn ranks_cases(b: &mut Bench<'_>) -> Result<()> {
+    if b.args.wants("throttled commit") {
+        throttled_commit(b)?;
+    }
     if b.args.wants("rank commit") {
         println!(
             "  rank commit: simulated ranks over InMemory, {LATENCY:?} per request and per listing page of {PAGE}"
@@ -52,11 +58,7 @@ fn simulate(b: &mut Bench<'_>, ranks: u32) -> Result<()> {
             .map(|rank| {
                 let (storage, start) = (Arc::clone(&storage), Arc::clone(&start));
                 std::thread::spawn(move || {
-                    let region = Region::split(&shape, 0, u64::from(ranks), u64::from(rank));
-                    let values = vec![rank as f32; region.elements() as usize];
-                    let tensor = Tensor::from_slice("w", region.lengths.clone(), &values);
-                    let save = RankSave::new(rank, ranks, Writer::new(vec![tensor]))
-                        .with_slice("w", shape, region);
+                    let save = rows_of(rank, ranks, shape);
                     start.wait();
                     Checkpoints::over(storage, "sim").save_rank(1, save)
                 })
@@ -111,6 +113,140 @@ fn simulate(b: &mut Bench<'_>, ranks: u32) -> Result<()> {
                 LATENCY.as_millis()
             ),
             floor,
+        )),
+        bytes: 0,
+    });
+    Ok(())
+}
+
+/// Simulated rank `rank` of `ranks`: its rows of a `shape` f32 tensor, each element its rank.
+fn rows_of(rank: u32, ranks: u32, shape: [u64; 2]) -> RankSave {
+    let region = Region::split(&shape, 0, u64::from(ranks), u64::from(rank));
+    let values = vec![rank as f32; region.elements() as usize];
+    let tensor = Tensor::from_slice("w", region.lengths.clone(), &values);
+    RankSave::new(rank, ranks, Writer::new(vec![tensor])).with_slice("w", shape, region)
+}
+
+/// S3's documented limits per partitioned prefix.
+const S3_LIMITS: PrefixLimits = PrefixLimits {
+    writes_per_second: 3_500,
+    reads_per_second: 5_500,
+    depth: 2,
+};
+
+/// One step of `ranks` simulated ranks, started together, each with its own client (its own
+/// throttle, object_store's retries) of one store 20 ms away, limited per prefix when
+/// `limits` says so. Returns the time from the start to a visible commit record.
+fn throttled_step(ranks: u32, limits: Option<PrefixLimits>) -> Result<(Duration, ThrottledRun)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(crate::harness::io("starting a runtime"))?;
+    let bridge = Bridge::borrowed(runtime.handle().clone());
+    let slow = SlowStore::new(Arc::new(object_store::memory::InMemory::new()), LATENCY);
+    let slow = match limits {
+        Some(limits) => slow.with_prefix_limits(limits),
+        None => slow,
+    };
+    let counts = Arc::clone(slow.counts());
+    let shared: Arc<dyn object_store::ObjectStore> = Arc::new(slow);
+    let retries = Arc::new(Retries::default());
+    let shape = [4 * u64::from(ranks), 64];
+    let start = Arc::new(Barrier::new(ranks as usize + 1));
+    let threads: Vec<_> = (0..ranks)
+        .map(|rank| {
+            let client = RankClient::new(Arc::clone(&shared), Arc::clone(&retries));
+            let storage: Arc<dyn Storage> =
+                Arc::new(ObjectStorage::with_bridge(Arc::new(client), bridge.clone()));
+            let start = Arc::clone(&start);
+            std::thread::Builder::new()
+                .stack_size(256 << 10)
+                .spawn(move || {
+                    let save = rows_of(rank, ranks, shape);
+                    start.wait();
+                    Checkpoints::over(storage, "sim").save_rank(1, save)
+                })
+                .map_err(crate::harness::io("starting a simulated rank"))
+        })
+        .collect::<Result<_>>()?;
+    start.wait();
+    let started = Instant::now();
+    let mut failed = 0;
+    for thread in threads {
+        let outcome = thread
+            .join()
+            .map_err(|_| Error::new(ErrorKind::Io, "a simulated rank panicked"))?;
+        if outcome.is_err() {
+            failed += 1;
+        }
+    }
+    let commit = counts
+        .last_landed(|key| key.ends_with("/commit.json"))
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!("{ranks} ranks: no commit ({failed} ranks failed)"),
+            )
+        })?;
+    let run = ThrottledRun {
+        requests: counts.total(),
+        slow_downs: counts.throttled.load(Ordering::SeqCst),
+        retries: retries.0.load(Ordering::SeqCst),
+        failed,
+    };
+    Ok((commit.saturating_duration_since(started), run))
+}
+
+/// What one throttled step cost.
+struct ThrottledRun {
+    requests: u64,
+    slow_downs: u64,
+    retries: u64,
+    failed: u32,
+}
+
+/// 4,096 ranks commit one step against a store answering 503 above S3's per-prefix limits,
+/// against the same store without limits.
+fn throttled_commit(b: &mut Bench<'_>) -> Result<()> {
+    const RANKS: u32 = 4096;
+    println!(
+        "  throttled commit: {RANKS} simulated ranks over InMemory, {LATENCY:?} per request, each rank its own throttle and object_store's retries; the limited store answers 503 SlowDown above {} writes/s and {} reads/s per prefix (its first {} key segments)",
+        S3_LIMITS.writes_per_second, S3_LIMITS.reads_per_second, S3_LIMITS.depth
+    );
+    let (mut limited, mut free) = (Vec::new(), Vec::new());
+    let mut last = None;
+    for _ in 0..b.table.runs {
+        let (time, run) = throttled_step(RANKS, Some(S3_LIMITS))?;
+        println!(
+            "    limited: commit after {:.2} s, {} requests, {} answered 503, {} retries, {} ranks failed",
+            time.as_secs_f64(),
+            run.requests,
+            run.slow_downs,
+            run.retries,
+            run.failed
+        );
+        limited.push(time);
+        last = Some(run);
+        let (time, run) = throttled_step(RANKS, None)?;
+        println!(
+            "    unlimited: commit after {:.2} s, {} requests",
+            time.as_secs_f64(),
+            run.requests
+        );
+        free.push(time);
+    }
+    print_runs(&limited, &free);
+    let run = last.ok_or_else(|| Error::invalid("no runs"))?;
+    b.table.push(Row {
+        case: format!(
+            "throttled commit, {RANKS} ranks, S3's per-prefix limits: start to visible commit ({} requests, {} answered 503, {} retries, {} ranks failed, last run)",
+            run.requests, run.slow_downs, run.retries, run.failed
+        ),
+        ours: median(limited),
+        peer: Some((
+            "the same step on the store without limits".to_owned(),
+            median(free),
         )),
         bytes: 0,
     });

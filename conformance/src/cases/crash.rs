@@ -223,7 +223,7 @@ pub fn process_crash_at_every_step<H: Harness>(harness: &H, case: &str) -> Outco
             assert_old_or_new(case, &context, &reopened, mode, &old, &new, None);
             if reopened.capabilities().pending_listing {
                 reopened
-                    .clean_pending()
+                    .clean_pending("")
                     .unwrap_or_else(|e| fail!(case, "{context}: clean_pending: {e}"));
                 assert_nothing_pending(case, &format!("{context}, after clean_pending"), &reopened);
             }

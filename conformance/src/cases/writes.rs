@@ -4,6 +4,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -273,22 +274,39 @@ pub fn create_new_refuses_existing<H: Harness>(harness: &H, case: &str) -> Outco
 }
 
 /// Writers racing to create-new the same key: exactly one wins; the others get AlreadyExists;
-/// the winner's bytes are intact. (Containers of several parts go through the deterministic
-/// `interleaved_commits_resolve_in_order`: moto, the S3 server the tests run, lets several
-/// concurrent conditional multipart completions win, which real S3 does not.)
+/// the winner's bytes are intact.
 pub fn create_new_race_has_one_winner<H: Harness>(harness: &H, case: &str) -> Outcome {
+    race_create_new(harness, case, 8, |w| {
+        sample(&[1000 + w * 700, 300], w as u8)
+    })
+}
+
+/// As [`create_new_race_has_one_winner`], with containers of
+/// [`several_parts_len`](Harness::several_parts_len): a backend publishes those another way (an
+/// object store's staged upload and conditional copy or completion), which must be as
+/// race-free as its single conditional write.
+pub fn large_create_new_race_has_one_winner<H: Harness>(harness: &H, case: &str) -> Outcome {
+    race_create_new(harness, case, 3, |w| several_parts(harness, w as u8))
+}
+
+/// Four writers of `spec(writer)` racing to create-new one key, `rounds` times: one wins, the
+/// others fail with AlreadyExists, the key holds the winner's container, nothing is pending.
+fn race_create_new<H: Harness>(
+    harness: &H,
+    case: &str,
+    rounds: usize,
+    spec: impl Fn(usize) -> ContainerSpec,
+) -> Outcome {
     let storage = harness.fresh();
     if !storage.capabilities().atomic_create_new {
         // create_new_refuses_existing checks that it is Unsupported.
         return Outcome::NotApplicable("the backend does not declare create-new".into());
     }
     const WRITERS: usize = 4;
-    for round in 0..8 {
+    for round in 0..rounds {
         let key = format!("race/{round}.bpk");
         let barrier = Barrier::new(WRITERS);
-        let specs: Vec<ContainerSpec> = (0..WRITERS)
-            .map(|w| sample(&[1000 + w * 700, 300], w as u8))
-            .collect();
+        let specs: Vec<ContainerSpec> = (0..WRITERS).map(&spec).collect();
         let results: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = specs
                 .iter()
@@ -531,7 +549,7 @@ pub fn undeclared_capabilities_are_unsupported<H: Harness>(harness: &H, case: &s
         key: KEY.to_owned(),
         len: spec.bytes().len() as u64,
     }];
-    match (capabilities.pending_listing, storage.pending()) {
+    match (capabilities.pending_listing, storage.pending("")) {
         (true, Ok(pending)) if pending.is_empty() => {}
         (true, Ok(pending)) => fail!(
             case,
@@ -642,6 +660,84 @@ pub fn failed_writes_leave_key_unchanged<H: Harness>(harness: &H, case: &str) ->
             assert_nothing_pending(case, &context, &storage);
         }
     }
+    Outcome::Checked
+}
+
+/// A write past its deadline fails with [`ErrorKind::TimedOut`] and publishes nothing: a sink
+/// created with a [`CreateOptions::deadline`] that passes before its last write or its commit
+/// (with a container of several parts, so an object store has parts in flight), and a
+/// [`Writer::with_deadline`] that has passed, each leave the key holding the old container and
+/// nothing pending.
+pub fn deadlines_are_kept<H: Harness>(harness: &H, case: &str) -> Outcome {
+    let storage = harness.fresh();
+    let old = sample(&[700], 1);
+    old.writer()
+        .write_to(&storage, KEY)
+        .unwrap_or_else(|e| fail!(case, "write old: {e}"));
+    let new = several_parts(harness, 2);
+    let bytes = new.bytes();
+    let half = bytes.len() / 2;
+    for (what, late) in [("the last write", true), ("the commit", false)] {
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let options = CreateOptions::default()
+            .with_expected_len(bytes.len() as u64)
+            .with_deadline(deadline);
+        let mut sink = storage
+            .create(KEY, &options)
+            .unwrap_or_else(|e| fail!(case, "create with a deadline: {e}"));
+        let early = if late { &bytes[..half] } else { &bytes[..] };
+        sink.write(early)
+            .unwrap_or_else(|e| fail!(case, "a write before the deadline failed: {e}"));
+        std::thread::sleep(
+            deadline.saturating_duration_since(Instant::now()) + Duration::from_millis(50),
+        );
+        let outcome = if late {
+            sink.write(&bytes[half..]).and_then(|()| sink.commit())
+        } else {
+            sink.commit()
+        };
+        match outcome {
+            Err(e) if e.kind() == ErrorKind::TimedOut => {}
+            Err(e) => fail!(
+                case,
+                "deadline passed before {what}: expected TimedOut, got {e}"
+            ),
+            Ok(()) => fail!(
+                case,
+                "a sink committed after its deadline passed before {what}"
+            ),
+        }
+        let context = format!("after a deadline passed before {what}");
+        assert_holds_one_of(
+            case,
+            &context,
+            &harness.reopen(&storage),
+            KEY,
+            &[Some(&old.bytes())],
+        );
+        assert_nothing_pending(case, &context, &storage);
+    }
+    match new
+        .writer()
+        .with_deadline(Instant::now())
+        .write_to(&storage, KEY)
+    {
+        Err(e) if e.kind() == ErrorKind::TimedOut => {}
+        Err(e) => fail!(
+            case,
+            "a writer past its deadline: expected TimedOut, got {e}"
+        ),
+        Ok(_) => fail!(case, "a writer past its deadline committed"),
+    }
+    let context = "after a writer past its deadline";
+    assert_holds_one_of(
+        case,
+        context,
+        &harness.reopen(&storage),
+        KEY,
+        &[Some(&old.bytes())],
+    );
+    assert_nothing_pending(case, context, &storage);
     Outcome::Checked
 }
 

@@ -5,9 +5,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use weightbay::backend_kit::{check_range, is_under, validate_key, validate_prefix};
+use weightbay::backend_kit::{
+    check_deadline, check_range, is_under, validate_key, validate_prefix,
+};
 use weightbay::{
-    Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage, WriteMode,
+    Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, Result, Sink, Source,
+    Storage, WriteMode,
 };
 use weightbay_conformance::{Case, Harness};
 
@@ -49,6 +52,9 @@ pub(crate) enum Defect {
     /// A batched read asks for the key's current container, not the one the source opened, as
     /// a fetch that leaves out the object's version does.
     FetchReadsLatest,
+    /// A sink commits whenever it is asked, its deadline long passed, as a backend that
+    /// ignores `CreateOptions::deadline` does.
+    IgnoresDeadlines,
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +108,9 @@ impl Storage for HashMapStorage {
             storage: self.clone(),
             key: key.to_owned(),
             create_new: options.mode == WriteMode::CreateNew,
+            deadline: options
+                .deadline
+                .filter(|_| self.defect != Some(Defect::IgnoresDeadlines)),
             buffer: Vec::new(),
             writes: 0,
         }))
@@ -134,9 +143,14 @@ impl Storage for HashMapStorage {
         }))
     }
 
-    fn pending(&self) -> Result<Vec<String>> {
+    fn pending(&self, _prefix: &str) -> Result<Vec<PendingWrite>> {
         if self.defect == Some(Defect::PendingListsCommitted) {
-            return Ok(self.lock().current.keys().cloned().collect());
+            return Ok(self
+                .lock()
+                .current
+                .keys()
+                .map(|key| PendingWrite::new(key, "the committed container", false))
+                .collect());
         }
         if self.defect == Some(Defect::PendingFailsAsIo) {
             return Err(Error::new(ErrorKind::Io, "no pending listing here"));
@@ -144,7 +158,7 @@ impl Storage for HashMapStorage {
         Err(Error::unsupported("no pending listing"))
     }
 
-    fn clean_pending(&self) -> Result<Vec<String>> {
+    fn clean_pending(&self, _prefix: &str) -> Result<Vec<PendingWrite>> {
         if self.defect == Some(Defect::PendingListsCommitted) {
             return Ok(Vec::new());
         }
@@ -193,6 +207,7 @@ struct HashMapSink {
     storage: HashMapStorage,
     key: String,
     create_new: bool,
+    deadline: Option<std::time::Instant>,
     buffer: Vec<u8>,
     writes: u64,
 }
@@ -212,6 +227,7 @@ impl Sink for HashMapSink {
     }
 
     fn commit(self: Box<Self>) -> Result<()> {
+        check_deadline(self.deadline, "committing")?;
         let check = self.create_new && self.storage.defect != Some(Defect::IgnoresCreateNew);
         // Check and insert under one lock: that is what makes create-new race-free.
         let mut objects = self.storage.lock();

@@ -2,7 +2,7 @@
 //! the newest complete checkpoint after a crash.
 //!
 //! ```sh
-//! train-resume s3://bucket/runs/toy --steps 120 --every 10
+//! train-resume s3://bucket/runs/toy --steps 120 --every 10 [--layer-mib 1]
 //! ```
 //!
 //! Each step updates the weights deterministically; every `--every` steps a checkpoint of the
@@ -17,32 +17,39 @@ use std::process::ExitCode;
 use weightbay::{Result, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, Retention, SaveHandle, SaveOptions};
 
-/// Weights per layer: 2 layers of 256 Ki f32 (2 MiB per checkpoint).
-const LAYER_LEN: usize = 1 << 18;
+/// Two layers of `--layer-mib` MiB of f32 each (1 by default: 2 MiB per checkpoint, one
+/// object-store PUT; over 4, each checkpoint is a multipart upload).
 const LAYERS: [&str; 2] = ["layer0.weight", "layer1.weight"];
 
 struct Args {
     url: String,
     steps: u64,
     every: u64,
+    layer_mib: u64,
 }
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let url = args
         .next()
-        .ok_or("usage: train-resume URL [--steps N] [--every K]")?;
-    let (mut steps, mut every) = (120, 10);
+        .ok_or("usage: train-resume URL [--steps N] [--every K] [--layer-mib M]")?;
+    let (mut steps, mut every, mut layer_mib) = (120, 10, 1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         let value: u64 = value.parse().map_err(|_| format!("{flag}: not a number"))?;
         match flag.as_str() {
             "--steps" => steps = value,
             "--every" => every = value.max(1),
+            "--layer-mib" => layer_mib = value.max(1),
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    Ok(Args { url, steps, every })
+    Ok(Args {
+        url,
+        steps,
+        every,
+        layer_mib,
+    })
 }
 
 /// One training step: deterministic in the step and the weights, and enough work that a kill
@@ -79,7 +86,10 @@ fn run(args: &Args) -> Result<u32> {
             eprintln!("resumed from step {}", checkpoint.step());
             (checkpoint.step(), weights)
         }
-        None => (0, vec![vec![0.0f32; LAYER_LEN]; LAYERS.len()]),
+        None => {
+            let layer_len = usize::try_from(args.layer_mib << 18).unwrap_or(1 << 18);
+            (0, vec![vec![0.0f32; layer_len]; LAYERS.len()])
+        }
     };
     let mut saving: Option<SaveHandle> = None;
     while step < args.steps {

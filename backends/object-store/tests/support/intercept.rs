@@ -11,10 +11,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
+use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
 use object_store::{
-    CopyMode, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta,
-    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+    CopyMode, CopyOptions, GetOptions, GetResult, ListResult, MultipartId, MultipartUpload,
+    ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
 };
 use weightbay_conformance::{FaultPlan, InjectedFault};
 
@@ -30,10 +31,11 @@ pub(crate) enum StoreDefect {
     IgnoresCopyCondition,
 }
 
-/// `inner` with `plan` applied to each request and `defect`, if any, switched on.
-#[derive(Debug)]
+/// `inner` with `plan` applied to each request and `defect`, if any, switched on; its
+/// multipart API (when `multipart` is the same store's) intercepted the same way.
 pub(crate) struct Intercepted {
     inner: Arc<dyn ObjectStore>,
+    multipart: Option<Arc<dyn MultipartStore>>,
     plan: FaultPlan,
     defect: Option<StoreDefect>,
     /// Ranges asked for by GET so far (`get_ranges` counts each range).
@@ -48,10 +50,26 @@ impl Intercepted {
     ) -> Self {
         Self {
             inner,
+            multipart: None,
             plan,
             defect,
             gets: AtomicUsize::new(0),
         }
+    }
+
+    /// Also intercepts `multipart`, the inner store's multipart API.
+    pub(crate) fn with_multipart(mut self, multipart: Arc<dyn MultipartStore>) -> Self {
+        self.multipart = Some(multipart);
+        self
+    }
+
+    fn multipart(&self) -> object_store::Result<&Arc<dyn MultipartStore>> {
+        self.multipart
+            .as_ref()
+            .ok_or_else(|| object_store::Error::NotImplemented {
+                operation: "multipart uploads by id".into(),
+                implementer: "this intercepted store".into(),
+            })
     }
 
     /// Runs `request` as one counted operation.
@@ -80,6 +98,16 @@ impl Intercepted {
             }
             Err(fault) => futures::stream::once(async move { Err(injected(fault)) }).boxed(),
         }
+    }
+}
+
+impl fmt::Debug for Intercepted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Intercepted")
+            .field("inner", &self.inner)
+            .field("multipart", &self.multipart.is_some())
+            .field("defect", &self.defect)
+            .finish_non_exhaustive()
     }
 }
 
@@ -191,6 +219,61 @@ impl ObjectStore for Intercepted {
             options
         };
         Self::request(&self.plan, "copy", self.inner.copy_opts(from, to, options)).await
+    }
+}
+
+#[async_trait]
+impl MultipartStore for Intercepted {
+    async fn create_multipart(&self, path: &Path) -> object_store::Result<MultipartId> {
+        let inner = self.multipart()?;
+        Self::request(&self.plan, "start multipart", inner.create_multipart(path)).await
+    }
+
+    async fn put_part(
+        &self,
+        path: &Path,
+        id: &MultipartId,
+        part_idx: usize,
+        data: PutPayload,
+    ) -> object_store::Result<PartId> {
+        let inner = self.multipart()?;
+        if part_idx == 1 && self.defect == Some(StoreDefect::DropsSecondPart) {
+            // Acknowledged, never stored: completing then leaves the part out.
+            return Ok(PartId {
+                content_id: String::new(),
+            });
+        }
+        Self::request(
+            &self.plan,
+            "put part",
+            inner.put_part(path, id, part_idx, data),
+        )
+        .await
+    }
+
+    async fn complete_multipart(
+        &self,
+        path: &Path,
+        id: &MultipartId,
+        parts: Vec<PartId>,
+    ) -> object_store::Result<PutResult> {
+        let inner = self.multipart()?;
+        Self::request(
+            &self.plan,
+            "complete multipart",
+            inner.complete_multipart(path, id, parts),
+        )
+        .await
+    }
+
+    async fn abort_multipart(&self, path: &Path, id: &MultipartId) -> object_store::Result<()> {
+        let inner = self.multipart()?;
+        Self::request(
+            &self.plan,
+            "abort multipart",
+            inner.abort_multipart(path, id),
+        )
+        .await
     }
 }
 

@@ -1,0 +1,268 @@
+//! The object store as it behaves at scale, through the fault-injecting proxy
+//! (`scripts/fault_proxy.py`) in front of the S3 server: the big checkpoint saved and loaded
+//! with 10% of requests answered `503 SlowDown` and 1% of responses reset mid-body, against
+//! the same through a proxy that injects nothing; and a stalled part against the per-request
+//! deadline, retries that run out, and a whole-save timeout.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use object_store::{BackoffConfig, RetryConfig};
+use weightbay::{DType, Error, ErrorKind, Reader, Result, Storage, Tensor, Writer};
+use weightbay_conformance::FaultProxy;
+use weightbay_object_store::{ObjectStorage, open_url_with_retry};
+
+use crate::Bench;
+use crate::harness::{Start, median, print_runs, timed};
+use crate::report::Row;
+
+/// The faults of the storm: S3's throttling answer to a tenth of the requests, and one in a
+/// hundred responses cut halfway.
+const STORM: &str = r#"{"status_share": 0.1, "status": 503, "reset_share": 0.01, "seed": 11}"#;
+
+pub(crate) fn fault_cases(b: &mut Bench<'_>) -> Result<()> {
+    let (Ok(base), Ok(endpoint)) = (
+        std::env::var("WEIGHTBAY_S3_URL"),
+        std::env::var("AWS_ENDPOINT"),
+    ) else {
+        println!(
+            "  faulty store, stalled part: skipped, no S3 server (vars=$(scripts/servers.sh start s3) && eval \"$vars\")"
+        );
+        return Ok(());
+    };
+    if std::env::var("WEIGHTBAY_FAULT_PROXY").is_err() {
+        println!(
+            "  faulty store, stalled part: skipped, no fault proxy (vars=$(scripts/servers.sh start proxy) && eval \"$vars\")"
+        );
+        return Ok(());
+    }
+    let server = Server { base, endpoint };
+    if b.args.wants("faulty store") {
+        faulty_store(b, &server)?;
+    }
+    if b.args.wants("stalled part") {
+        stalled_part(b, &server)?;
+    }
+    Ok(())
+}
+
+/// The S3 server the proxies stand in front of.
+struct Server {
+    base: String,
+    endpoint: String,
+}
+
+impl Server {
+    /// A proxy injecting `faults`, and a storage through it under `prefix` whose requests are
+    /// cut after `timeout` and retried as `retry` says.
+    fn through(
+        &self,
+        faults: &str,
+        prefix: &str,
+        timeout: &str,
+        retry: RetryConfig,
+    ) -> Result<(FaultProxy, ObjectStorage)> {
+        let proxy = FaultProxy::start(&self.endpoint, faults)
+            .ok_or_else(|| Error::new(ErrorKind::Io, "no fault proxy"))?;
+        let url = format!("{}/bench-faults-{}/{prefix}", self.base, std::process::id());
+        let storage = open_url_with_retry(
+            &url,
+            [
+                ("aws_endpoint", proxy.url()),
+                ("timeout", timeout.to_owned()),
+            ],
+            retry,
+        )?;
+        // Requests the size a remote store is read in (a store on this machine would be read
+        // in one request per run of tensors, which a reset would send back to the start).
+        let options = storage.options().with_fetch_request_len(Some(16 << 20));
+        Ok((proxy, storage.with_options(options)))
+    }
+}
+
+/// The big checkpoint saved, then loaded and compared byte for byte, through the storm and
+/// through a clean proxy, paired.
+fn faulty_store(b: &mut Bench<'_>, server: &Server) -> Result<()> {
+    let (storm, faulty) = server.through(STORM, "storm", "30s", RetryConfig::default())?;
+    let (_clean_proxy, clean) = server.through("{}", "clean", "30s", RetryConfig::default())?;
+    println!(
+        "  faulty store: {} MiB through a proxy answering 10% of requests 503 SlowDown and resetting 1% of responses mid-body, against a proxy that injects nothing",
+        b.big.bytes() >> 20
+    );
+    let big = &b.big;
+    let save = |storage: &ObjectStorage| {
+        Writer::new(big.ours())
+            .write_to(storage, "big.bpk")
+            .map(drop)
+    };
+    b.table.compare(
+        Start::Cached,
+        "faulty store save (S3 server, 10% 503 SlowDown, 1% resets)",
+        big.bytes(),
+        "the same save through a clean proxy",
+        || save(&faulty),
+        || save(&clean),
+    )?;
+    let load = |storage: &ObjectStorage| -> Result<()> {
+        let reader = Reader::open_key(storage, "big.bpk")?;
+        for (info, bytes) in reader.load_all()? {
+            let expected = big
+                .tensors
+                .iter()
+                .find(|(name, _)| name == info.name())
+                .map(|(_, data)| data);
+            let loaded = bytes.read(weightbay::AccessPolicy::AllowCopy)?;
+            if expected.map(|data| &data[..]) != Some(loaded) {
+                return Err(Error::corrupt(format!(
+                    "{} came back different",
+                    info.name()
+                )));
+            }
+            black_box(loaded);
+        }
+        Ok(())
+    };
+    b.table.compare(
+        Start::Cached,
+        "faulty store load, byte for byte (S3 server, 10% 503 SlowDown, 1% resets)",
+        big.bytes(),
+        "the same load through a clean proxy",
+        || load(&faulty),
+        || load(&clean),
+    )?;
+    Reader::open_key(&faulty, "big.bpk")?.verify()?;
+    println!(
+        "    the storm's proxy answered {} of {} requests 503 and reset {} responses; the container verifies",
+        storm.count("status"),
+        storm.count("requests"),
+        storm.count("reset")
+    );
+    for storage in [&faulty, &clean] {
+        storage.delete("big.bpk")?;
+    }
+    Ok(())
+}
+
+/// Retries whose backoff is short next to the deadlines measured.
+fn quick(max_retries: usize) -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            base: 2.0,
+        },
+        max_retries,
+        retry_timeout: Duration::from_secs(120),
+    }
+}
+
+/// A 64 MiB save whose second part stalls, with a 5 s per-request deadline: once (retried)
+/// against the clean save plus the deadline; for ever with one retry against the deadlines
+/// it may take; and for ever with an 8 s timeout on the whole save against that timeout.
+fn stalled_part(b: &mut Bench<'_>, server: &Server) -> Result<()> {
+    const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
+    let container = || {
+        Writer::new(
+            (0..8u8)
+                .map(|i| Tensor::new(format!("t{i}"), DType::U8, [8 << 20], vec![i; 8 << 20]))
+                .collect(),
+        )
+    };
+    let bytes = container().size()?;
+    println!(
+        "  stalled part: {} MiB in 8 MiB parts, part 2's request never answered, requests cut after {REQUEST_DEADLINE:?}",
+        bytes >> 20
+    );
+    let (mut stalled, mut clean) = (Vec::new(), Vec::new());
+    for run in 0..b.table.runs {
+        let (_clean_proxy, storage) = server.through("{}", "clean", "5s", quick(3))?;
+        clean.push(timed(|| container().write_to(&storage, "m.bpk").map(drop))?);
+        let (proxy, storage) = server.through(
+            r#"{"stall": {"match": "partNumber=2", "times": 1}}"#,
+            &format!("stalled-{run}"),
+            "5s",
+            quick(3),
+        )?;
+        stalled.push(timed(|| container().write_to(&storage, "m.bpk").map(drop))?);
+        if proxy.count("stalled") != 1 {
+            return Err(Error::new(ErrorKind::Io, "the part did not stall"));
+        }
+    }
+    let bound: Vec<Duration> = clean.iter().map(|t| *t + REQUEST_DEADLINE).collect();
+    print_runs(&stalled, &bound);
+    b.table.push(Row {
+        case: "stalled part, cut at the 5 s request deadline and retried: whole save".to_owned(),
+        ours: median(stalled),
+        peer: Some((
+            "the clean save + the 5 s deadline".to_owned(),
+            median(bound),
+        )),
+        bytes: 0,
+    });
+    // Retries that run out: two tries of 5 s, 10 ms backoff between them.
+    let (_proxy, storage) = server.through(
+        r#"{"stall": {"match": "partNumber=2", "times": -1}}"#,
+        "exhausted",
+        "5s",
+        quick(1),
+    )?;
+    let (took, error) = failing(|| container().write_to(&storage, "m.bpk").map(drop))?;
+    println!("    retries exhausted after {took:?}: {error}");
+    b.table.push(Row {
+        case: format!(
+            "stalled part, 1 retry: the error, naming key and part, arrives after ({})",
+            named(&error, &["m.bpk", "part 2"])
+        ),
+        ours: took,
+        peer: Some(("two 5 s request deadlines".to_owned(), REQUEST_DEADLINE * 2)),
+        bytes: 0,
+    });
+    // A whole-save timeout shorter than the retries.
+    let timeout = Duration::from_secs(8);
+    let (_proxy, storage) = server.through(
+        r#"{"stall": {"match": "partNumber=2", "times": -1}}"#,
+        "timeout",
+        "5s",
+        quick(3),
+    )?;
+    let options = storage.options().with_save_timeout(Some(timeout));
+    let storage = storage.with_options(options);
+    let (took, error) = failing(|| container().write_to(&storage, "m.bpk").map(drop))?;
+    println!("    save timeout: failed after {took:?}: {error}");
+    b.table.push(Row {
+        case: format!(
+            "stalled part, an 8 s save timeout: the error arrives after ({})",
+            named(&error, &["m.bpk", "part 2", "deadline"])
+        ),
+        ours: took,
+        peer: Some(("the 8 s timeout".to_owned(), timeout)),
+        bytes: 0,
+    });
+    Ok(())
+}
+
+/// How long `f` took to fail, and its error.
+fn failing(f: impl FnOnce() -> Result<()>) -> Result<(Duration, Error)> {
+    let started = Instant::now();
+    match f() {
+        Ok(()) => Err(Error::new(ErrorKind::Io, "a save meant to fail succeeded")),
+        Err(e) => Ok((started.elapsed(), e)),
+    }
+}
+
+/// Which of `words` the error's text holds, for the row.
+fn named(error: &Error, words: &[&str]) -> String {
+    let text = format!("{error:#}");
+    words
+        .iter()
+        .map(|word| {
+            let mark = if text.contains(word) {
+                "names"
+            } else {
+                "MISSES"
+            };
+            format!("{mark} `{word}`")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
