@@ -41,6 +41,9 @@ pub(crate) struct Counts {
     pub(crate) bytes_got: AtomicU64,
     /// Requests answered `503 SlowDown` by the prefix limits.
     pub(crate) throttled: AtomicU64,
+    /// The most writes and reads one prefix was sent in one second, under prefix limits.
+    pub(crate) peak_writes: AtomicU64,
+    pub(crate) peak_reads: AtomicU64,
     open: AtomicU64,
     most_open: AtomicU64,
     landed: Mutex<Vec<(String, Instant)>>,
@@ -410,6 +413,12 @@ fn admit(
         *window = (second, 0);
     }
     window.1 += 1;
+    let peak = if write {
+        &counts.peak_writes
+    } else {
+        &counts.peak_reads
+    };
+    peak.fetch_max(window.1, Ordering::SeqCst);
     if window.1 <= limit {
         return Ok(());
     }

@@ -18,7 +18,40 @@ pub(crate) fn convert(what: impl Into<String>, error: object_store::Error) -> Er
     if let Some(hint) = missing_credentials(&error) {
         return Error::new(ErrorKind::InvalidInput, hint).with_source(error);
     }
-    Error::new(kind, what).with_source(error)
+    let what = what.into();
+    match transport_failure(&error) {
+        Some(how) => Error::new(kind, format!("{what}: {how}")).with_source(error),
+        None => Error::new(kind, what).with_source(error),
+    }
+}
+
+/// Whether a request failed in transport (its answer lost, or never come) rather than by the
+/// store's refusal: it may have been carried out, and may be tried again.
+pub(crate) fn answer_lost(error: &object_store::Error) -> bool {
+    transport_failure(error).is_some()
+}
+
+/// How a request failed in transport, in words, when it did: object_store's own text then
+/// says "error sending request" for a request that timed out, which hides that the store
+/// never answered.
+fn transport_failure(error: &object_store::Error) -> Option<&'static str> {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if let Some(http) = error.downcast_ref::<HttpError>() {
+            return Some(match http.kind() {
+                HttpErrorKind::Timeout => {
+                    "the store did not answer within the request timeout (object_store's \
+                     `timeout`, 30 s unless set)"
+                }
+                HttpErrorKind::Connect => "the store could not be reached",
+                HttpErrorKind::Interrupted => "the connection was cut mid-request",
+                _ => "the request or its answer was lost in transport",
+            });
+        }
+        cause = error.source();
+    }
+    None
 }
 
 /// What to say when a store found no credentials in the environment and fell back on the

@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use weightbay::backend_kit::{check_written, unique_token};
 use weightbay::{CreateOptions, Error, ErrorKind, Result, Sink, WriteMode};
 
-use crate::error::convert;
+use crate::error::{answer_lost, convert};
 use crate::journal::Journal;
 use crate::landed;
 use crate::options::ObjectStoreOptions;
@@ -674,20 +674,6 @@ impl Upload {
 
 /// How often starting an upload, or publishing a staged one, is tried when its answer is lost.
 const START_ATTEMPTS: usize = 3;
-
-/// Whether a request failed in transport (its answer lost, or never come: an HTTP error in
-/// the cause chain) rather than by the store's refusal: it may have been carried out, and may
-/// be tried again.
-fn answer_lost(error: &object_store::Error) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(error) = cause {
-        if error.is::<object_store::client::HttpError>() {
-            return true;
-        }
-        cause = error.source();
-    }
-    false
-}
 
 impl Sink for ObjectSink {
     fn write(&mut self, mut data: &[u8]) -> Result<()> {

@@ -194,6 +194,8 @@ fn throttled_step(ranks: u32, limits: Option<PrefixLimits>) -> Result<(Duration,
         slow_downs: counts.throttled.load(Ordering::SeqCst),
         retries: retries.0.load(Ordering::SeqCst),
         failed,
+        peak_writes: counts.peak_writes.load(Ordering::SeqCst),
+        peak_reads: counts.peak_reads.load(Ordering::SeqCst),
     };
     Ok((commit.saturating_duration_since(started), run))
 }
@@ -204,52 +206,80 @@ struct ThrottledRun {
     slow_downs: u64,
     retries: u64,
     failed: u32,
+    /// The most writes and reads one prefix was sent in a second.
+    peak_writes: u64,
+    peak_reads: u64,
+}
+
+impl std::fmt::Display for ThrottledRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} requests, {} answered 503, {} retries, {} ranks failed, at most {} writes/s and {} reads/s sent to one prefix",
+            self.requests,
+            self.slow_downs,
+            self.retries,
+            self.failed,
+            self.peak_writes,
+            self.peak_reads
+        )
+    }
 }
 
 /// 4,096 ranks commit one step against a store answering 503 above S3's per-prefix limits,
-/// against the same store without limits.
+/// with the step directory one prefix (as a fresh S3 bucket has it) and split by the segment
+/// below it (as S3 has it once it has partitioned a busy prefix: the ranks' containers are in
+/// save directories of their own, the manifests in `ranks/`), each against the same store
+/// without limits.
 fn throttled_commit(b: &mut Bench<'_>) -> Result<()> {
     const RANKS: u32 = 4096;
     println!(
-        "  throttled commit: {RANKS} simulated ranks over InMemory, {LATENCY:?} per request, each rank its own throttle and object_store's retries; the limited store answers 503 SlowDown above {} writes/s and {} reads/s per prefix (its first {} key segments)",
-        S3_LIMITS.writes_per_second, S3_LIMITS.reads_per_second, S3_LIMITS.depth
+        "  throttled commit: {RANKS} simulated ranks over InMemory, {LATENCY:?} per request, each rank its own throttle and object_store's retries; the limited store answers 503 SlowDown above {} writes/s and {} reads/s per prefix",
+        S3_LIMITS.writes_per_second, S3_LIMITS.reads_per_second
     );
-    let (mut limited, mut free) = (Vec::new(), Vec::new());
-    let mut last = None;
-    for _ in 0..b.table.runs {
-        let (time, run) = throttled_step(RANKS, Some(S3_LIMITS))?;
-        println!(
-            "    limited: commit after {:.2} s, {} requests, {} answered 503, {} retries, {} ranks failed",
-            time.as_secs_f64(),
-            run.requests,
-            run.slow_downs,
-            run.retries,
-            run.failed
-        );
-        limited.push(time);
-        last = Some(run);
-        let (time, run) = throttled_step(RANKS, None)?;
-        println!(
-            "    unlimited: commit after {:.2} s, {} requests",
-            time.as_secs_f64(),
-            run.requests
-        );
-        free.push(time);
-    }
-    print_runs(&limited, &free);
-    let run = last.ok_or_else(|| Error::invalid("no runs"))?;
-    b.table.push(Row {
-        case: format!(
-            "throttled commit, {RANKS} ranks, S3's per-prefix limits: start to visible commit ({} requests, {} answered 503, {} retries, {} ranks failed, last run)",
-            run.requests, run.slow_downs, run.retries, run.failed
+    let layouts = [
+        (S3_LIMITS, "one prefix per step directory"),
+        (
+            PrefixLimits {
+                depth: 3,
+                ..S3_LIMITS
+            },
+            "a prefix per save directory and one for the manifests",
         ),
-        ours: median(limited),
-        peer: Some((
-            "the same step on the store without limits".to_owned(),
-            median(free),
-        )),
-        bytes: 0,
-    });
+    ];
+    for (limits, layout) in layouts {
+        let (mut limited, mut free) = (Vec::new(), Vec::new());
+        let mut last = None;
+        for _ in 0..b.table.runs {
+            let (time, run) = throttled_step(RANKS, Some(limits))?;
+            println!(
+                "    {layout}: commit after {:.2} s, {run}",
+                time.as_secs_f64()
+            );
+            limited.push(time);
+            last = Some(run);
+            let (time, run) = throttled_step(RANKS, None)?;
+            println!(
+                "    without limits: commit after {:.2} s, {} requests",
+                time.as_secs_f64(),
+                run.requests
+            );
+            free.push(time);
+        }
+        print_runs(&limited, &free);
+        let run = last.ok_or_else(|| Error::invalid("no runs"))?;
+        b.table.push(Row {
+            case: format!(
+                "throttled commit, {RANKS} ranks, S3's per-prefix limits, {layout}: start to visible commit ({run}; last run)"
+            ),
+            ours: median(limited),
+            peer: Some((
+                "the same step on the store without limits".to_owned(),
+                median(free),
+            )),
+            bytes: 0,
+        });
+    }
     Ok(())
 }
 
