@@ -125,6 +125,14 @@ pub(crate) const CASES: &[Case] = &[
         cases::lifecycle::lifecycle_cases,
     ),
     (&["candle"], cases::candle::candle_cases),
+    (
+        &[
+            "cold start: llama one tensor at a time",
+            "cold start: llama prefetched",
+            "cold start: staging pool",
+        ],
+        cases::cold_start::cold_start_cases,
+    ),
     (&["burn"], cases::burn::burn_cases),
     (
         &["rank commit", "throttled commit", "resharded load"],

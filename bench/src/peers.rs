@@ -1,8 +1,9 @@
-//! The peers the cases run beside weightbay: raw `object_store` uploads, burn-pack, the
-//! safetensors crate, and `dd` for the disk's own limit.
+//! The peers the cases run beside weightbay: raw `object_store` uploads, boto3's transfer
+//! manager, burn-pack, the safetensors crate, and `dd` for the disk's own limit.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use weightbay::{Error, Result};
 
@@ -109,4 +110,56 @@ pub(crate) fn safetensors_mmap_touch(path: &Path) -> Result<()> {
     }
     std::hint::black_box(sum);
     Ok(())
+}
+
+/// boto3's transfer manager (what the AWS CLI's `aws s3 cp` runs, default settings: 8 MiB
+/// parts, 10 threads) moving `key` of the S3 server's bucket to or from `path`, timed inside
+/// Python so its start-up is not counted. The Python is `$WEIGHTBAY_PYTHON`, or the venv
+/// `scripts/servers.sh` installs moto into (boto3 comes with moto). `None` when it has no boto3.
+pub(crate) fn boto3_transfer(upload: bool, key: &str, path: &Path) -> Result<Option<Duration>> {
+    const SCRIPT: &str = r#"
+import sys, time
+import boto3
+op, bucket, key, path, endpoint = sys.argv[1:6]
+s3 = boto3.client("s3", endpoint_url=endpoint)
+start = time.monotonic()
+if op == "upload":
+    s3.upload_file(path, bucket, key)
+else:
+    s3.download_file(bucket, key, path)
+print(time.monotonic() - start)
+"#;
+    let python = std::env::var("WEIGHTBAY_PYTHON").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/weightbay/venv/bin/python")
+    });
+    let has_boto3 = std::process::Command::new(&python)
+        .args(["-c", "import boto3"])
+        .output()
+        .is_ok_and(|out| out.status.success());
+    if !has_boto3 {
+        return Ok(None);
+    }
+    let (Ok(bucket), Ok(endpoint)) = (std::env::var("AWS_BUCKET"), std::env::var("AWS_ENDPOINT"))
+    else {
+        return Ok(None);
+    };
+    let output = std::process::Command::new(&python)
+        .args(["-c", SCRIPT])
+        .args([if upload { "upload" } else { "download" }, &bucket, key])
+        .arg(path)
+        .arg(&endpoint)
+        .output()
+        .map_err(io("running boto3"))?;
+    if !output.status.success() {
+        return Err(Error::new(
+            weightbay::ErrorKind::Io,
+            format!("boto3 failed: {}", String::from_utf8_lossy(&output.stderr)),
+        ));
+    }
+    let seconds: f64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .map_err(|_| Error::invalid("boto3's timing printed no number"))?;
+    Ok(Some(Duration::from_secs_f64(seconds)))
 }

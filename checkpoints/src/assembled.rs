@@ -6,8 +6,8 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use weightbay::{
-    AccessPolicy, Bytes, DType, Element, Error, ErrorKind, Reader, Result, Storage, StoredTensor,
-    WeightSource,
+    AccessPolicy, ByteLen, Bytes, DType, Element, Error, ErrorKind, Reader, Result, Storage,
+    StoredTensor, WeightSource,
 };
 
 use crate::record::{LogicalTensor, Region, SliceRecord};
@@ -306,6 +306,34 @@ impl WeightSource for AssembledWeights {
     fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
         let names = [name.to_owned()];
         Ok(self.stored_tensors(&names)?.pop().flatten())
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Opens every container's header (each once) to learn the tensors' element types. A
+    /// tensor whose length its shape does not give (a quantized one) is left out: it is read
+    /// when asked for.
+    fn catalog(&self) -> Result<Vec<(String, u64)>> {
+        let mut catalog = Vec::with_capacity(self.tensors.len());
+        for (name, logical) in &self.tensors {
+            if let ByteLen::Exact(len) = self.dtype(name)?.byte_len(&logical.shape) {
+                catalog.push((name.clone(), len));
+            }
+        }
+        Ok(catalog)
+    }
+
+    /// The first container's: every container is on the same storage.
+    fn fetch_ahead(&self) -> u64 {
+        let first = self
+            .tensors
+            .values()
+            .find_map(|logical| logical.slices.first());
+        first
+            .and_then(|slice| self.reader(&slice.container).ok())
+            .map_or(0, |reader| reader.fetch_ahead())
     }
 
     fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {

@@ -4,14 +4,14 @@
 use std::ops::Range;
 use std::sync::Arc;
 
+use weightbay::backend_kit::read_in_order;
 use weightbay::checksum::{crc32c_append, crc32c_combine};
-use weightbay::{Error, ErrorKind, Reader, Result, ShardedWeights, Source, Storage, WeightSource};
+use weightbay::{
+    AccessPolicy, Error, ErrorKind, Reader, Result, ShardedWeights, Source, Storage, WeightSource,
+};
 
 use crate::assembled::AssembledWeights;
 use crate::record::CommitRecord;
-
-/// How much of a container [`Checkpoint::verify`] reads at a time.
-const VERIFY_WINDOW: u64 = 8 * 1024 * 1024;
 
 /// A complete checkpoint: its commit record, and its containers to load.
 #[derive(Debug, Clone)]
@@ -134,25 +134,46 @@ impl Checkpoint {
     }
 }
 
-/// CRC32C of every byte of `source`: parts of at least 64 MiB read and summed on up to four
-/// threads, their CRCs then combined. Reading from the page cache is a copy as costly as the
-/// CRC itself, so one core reaches only about half of what the CRC alone runs at.
+/// CRC32C of every byte of `source`. Bytes already in memory (a memory map, a buffer) are
+/// summed where they lie; an object store's are read ahead in parallel and summed as they
+/// come in order; a file's are read and summed in parts of at least 64 MiB on up to four
+/// threads, their CRCs then combined (reading from the page cache is a copy as costly as the
+/// CRC itself, so one core would reach only about half of what the CRC alone runs at).
 fn crc_of(source: &dyn Source) -> Result<u32> {
-    const PART_AT_LEAST: u64 = 64 * 1024 * 1024;
     let len = source.len();
+    if let Ok(bytes) = source.bytes(0..len)
+        && let Ok(memory) = bytes.read(AccessPolicy::ZeroCopy)
+    {
+        return on_threads(len, |range| {
+            // `range` lies within `0..len`, the length of `memory`.
+            Ok(crc32c_append(
+                0,
+                &memory[range.start as usize..range.end as usize],
+            ))
+        });
+    }
+    if source.fetch_ahead() > 0 {
+        return read_in_order(source, 0..len, |_| Ok(()));
+    }
+    on_threads(len, |range| read_in_order(source, range, |_| Ok(())))
+}
+
+/// `crc` of `0..len` cut into parts of at least 64 MiB, on up to four threads, combined.
+fn on_threads(len: u64, crc: impl Fn(Range<u64>) -> Result<u32> + Sync) -> Result<u32> {
+    const PART_AT_LEAST: u64 = 64 * 1024 * 1024;
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(4)
         .min(usize::try_from(len / PART_AT_LEAST).unwrap_or(usize::MAX))
         .max(1);
     let part = len.div_ceil(threads as u64);
-    let parts: Vec<std::ops::Range<u64>> = (0..threads as u64)
+    let parts: Vec<Range<u64>> = (0..threads as u64)
         .map(|i| (i * part).min(len)..((i + 1) * part).min(len))
         .collect();
     let crcs = std::thread::scope(|scope| {
         let workers: Vec<_> = parts
             .iter()
-            .map(|range| scope.spawn(|| for_each_window(source, range.clone(), |_| Ok(()))))
+            .map(|range| scope.spawn(|| crc(range.clone())))
             .collect();
         workers
             .into_iter()
@@ -166,26 +187,4 @@ fn crc_of(source: &dyn Source) -> Result<u32> {
     Ok(parts.iter().zip(crcs).fold(0, |crc, (range, part_crc)| {
         crc32c_combine(crc, part_crc, (range.end - range.start) as usize)
     }))
-}
-
-/// Reads `range` of `source` in windows, handing each to `each`, and returns the CRC32C of
-/// all of it.
-pub(crate) fn for_each_window(
-    source: &dyn Source,
-    range: Range<u64>,
-    mut each: impl FnMut(&[u8]) -> Result<()>,
-) -> Result<u32> {
-    let mut crc = 0;
-    let mut window = vec![0; VERIFY_WINDOW.min(range.end - range.start) as usize];
-    let mut offset = range.start;
-    while offset < range.end {
-        // At most the window's length: both are capped by VERIFY_WINDOW and the range.
-        let len = (range.end - offset).min(VERIFY_WINDOW) as usize;
-        let chunk = &mut window[..len];
-        source.read_at(offset, chunk)?;
-        crc = crc32c_append(crc, chunk);
-        each(chunk)?;
-        offset += len as u64;
-    }
-    Ok(crc)
 }

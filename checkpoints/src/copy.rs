@@ -1,12 +1,12 @@
 //! Copying a checkpoint between storages: every container streamed across with its CRC32C
 //! compared to the record on the way, the record written last, as a save would.
 
-use weightbay::backend_kit::unique_token;
+use weightbay::backend_kit::{read_in_order, unique_token};
 use weightbay::{
     CreateOptions, Durability, Error, ErrorKind, Result, Storage, StorageExt, WriteMode,
 };
 
-use crate::checkpoint::{Checkpoint, for_each_window};
+use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
 use crate::layout;
 use crate::record::{CommitRecord, ContainerRecord, encode};
@@ -107,7 +107,7 @@ fn copy_checked(
     let mut sink = storage
         .create(key, &options)
         .map_err(|e| e.with_operation("create").with_key(key))?;
-    let crc = for_each_window(source.as_ref(), 0..source.len(), |window| {
+    let crc = read_in_order(source.as_ref(), 0..source.len(), |window| {
         sink.write(window)
     })
     .map_err(|e| e.with_key(key))?;

@@ -11,7 +11,7 @@ use std::sync::{Arc, LazyLock};
 use clap::{Parser, Subcommand, ValueEnum};
 use target::{Target, resolve};
 use weightbay::Format;
-use weightbay::{Durability, ErrorKind, Reader, Result, Scalar, WriteMode, Writer};
+use weightbay::{Durability, ErrorKind, Reader, Result, Scalar, StorageExt, WriteMode, Writer};
 use weightbay_checkpoints::{Checkpoints, Retention, StepState, StepStatus};
 use weightbay_object_store::Location;
 
@@ -255,24 +255,34 @@ fn run(command: Command) -> Result<ExitCode> {
             } else {
                 WriteMode::Overwrite
             };
-            let (summary, format) = restarting(&src, || {
-                let (tensors, source_format) = match resolve(&from)? {
-                    Target::Container(reader) => (reader.to_writer(), reader.format()),
+            let ((tensors, len), format) = restarting(&src, || {
+                let became_prefix = || {
+                    weightbay::Error::new(
+                        ErrorKind::Changed,
+                        "the source became a checkpoint prefix",
+                    )
+                };
+                let resolved = resolve(&from)?;
+                let source_format = match &resolved {
+                    Target::Container(reader) => reader.format(),
                     Target::Sharded(shards) => {
-                        let format = shards.first().map_or(Format::Burnpack, |(_, r)| r.format());
-                        (Writer::new(target::merged_tensors(&shards)?), format)
+                        shards.first().map_or(Format::Burnpack, |(_, r)| r.format())
                     }
-                    Target::Checkpoints(_) => {
-                        return Err(weightbay::Error::new(
-                            ErrorKind::Changed,
-                            "the source became a checkpoint prefix",
-                        ));
-                    }
+                    Target::Checkpoints(_) => return Err(became_prefix()),
                 };
                 let format = match format {
                     Some(FormatArg::Burnpack) => Format::Burnpack,
                     Some(FormatArg::Safetensors) => Format::Safetensors,
                     None => Format::from_file_name(to.file_name()).unwrap_or(source_format),
+                };
+                let tensors = match resolved {
+                    Target::Container(reader) if format == source_format => {
+                        let len = copy_bytes(reader.source().as_ref(), &to, mode)?;
+                        return Ok(((reader.tensors().len(), len), format));
+                    }
+                    Target::Container(reader) => reader.to_writer(),
+                    Target::Sharded(shards) => Writer::new(target::merged_tensors(&shards)?),
+                    Target::Checkpoints(_) => return Err(became_prefix()),
                 };
                 let writer = tensors
                     .with_format(format)
@@ -281,12 +291,9 @@ fn run(command: Command) -> Result<ExitCode> {
                 let storage = progress::Counting::new(Arc::clone(&to.storage), writer.size()?);
                 let summary = writer.write_to(&storage, &to.key)?;
                 storage.finish();
-                Ok((summary, format))
+                Ok(((summary.tensors, summary.len), format))
             })?;
-            eprintln!(
-                "copied {} tensors, {} bytes, as {format}, to {dst}",
-                summary.tensors, summary.len
-            );
+            eprintln!("copied {tensors} tensors, {len} bytes, as {format}, to {dst}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Ls { url } => {
@@ -451,6 +458,22 @@ fn verify_checkpoints(checkpoints: &Checkpoints, steps: Vec<u64>) -> Result<Exit
 
 /// Copies the checkpoints of `steps` from `source` to the prefix `to` (durably where the
 /// destination can), skipping steps already committed there.
+/// A container copied byte for byte to `to` (the same format: nothing to re-encode), read
+/// ahead in parallel from a store that gains from it and written in order, committed last
+/// ([`StorageExt::copy_in`](weightbay::StorageExt::copy_in)); Ctrl-C aborts it, leaving `to` as
+/// it was. Returns the bytes copied.
+fn copy_bytes(source: &dyn weightbay::Source, to: &Location, mode: WriteMode) -> Result<u64> {
+    let storage = progress::Counting::new(Arc::clone(&to.storage), source.len())
+        .with_cancel(Arc::clone(&INTERRUPTED));
+    storage.copy_in(
+        &to.key,
+        source,
+        weightbay::CreateOptions::default().with_mode(mode),
+    )?;
+    storage.finish();
+    Ok(source.len())
+}
+
 fn copy_checkpoints(
     source: &Checkpoints,
     to: &Location,

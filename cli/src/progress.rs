@@ -1,15 +1,22 @@
-//! A storage decorator that counts the bytes a copy writes, to drive the progress bar.
+//! A storage decorator that counts the bytes a copy writes, to drive the progress bar, and
+//! stops its writes on Ctrl-C.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use weightbay::{Capabilities, CreateOptions, PendingWrite, Result, Sink, Source, Storage};
+use weightbay::{
+    Capabilities, CreateOptions, Error, ErrorKind, PendingWrite, Result, Sink, Source, Storage,
+};
 
-/// Forwards to a storage; its sinks report progress. The bar draws only on a terminal.
+/// Forwards to a storage; its sinks report progress, and fail with
+/// [`ErrorKind::Interrupted`] once the cancel flag is set (the sink is then dropped, which
+/// aborts it). The bar draws only on a terminal.
 #[derive(Debug)]
 pub(crate) struct Counting {
     inner: Arc<dyn Storage>,
     bar: ProgressBar,
+    cancel: Arc<AtomicBool>,
 }
 
 impl Counting {
@@ -21,7 +28,17 @@ impl Counting {
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
-        Self { inner, bar }
+        Self {
+            inner,
+            bar,
+            cancel: Arc::default(),
+        }
+    }
+
+    /// Stops every write once `cancel` is set.
+    pub(crate) fn with_cancel(mut self, cancel: Arc<AtomicBool>) -> Self {
+        self.cancel = cancel;
+        self
     }
 
     pub(crate) fn finish(&self) {
@@ -37,6 +54,7 @@ impl Storage for Counting {
         Ok(Box::new(CountingSink {
             inner: self.inner.create(key, options)?,
             bar: self.bar.clone(),
+            cancel: Arc::clone(&self.cancel),
         }))
     }
     fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
@@ -56,20 +74,36 @@ impl Storage for Counting {
 struct CountingSink {
     inner: Box<dyn Sink>,
     bar: ProgressBar,
+    cancel: Arc<AtomicBool>,
+}
+
+impl CountingSink {
+    fn check_cancel(&self) -> Result<()> {
+        if self.cancel.load(Ordering::SeqCst) {
+            return Err(Error::new(
+                ErrorKind::Interrupted,
+                "interrupted; the destination is as it was",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Sink for CountingSink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.check_cancel()?;
         self.inner.write(data)?;
         self.bar.inc(data.len() as u64);
         Ok(())
     }
     fn pad(&mut self, len: u64) -> Result<()> {
+        self.check_cancel()?;
         self.inner.pad(len)?;
         self.bar.inc(len);
         Ok(())
     }
     fn commit(self: Box<Self>) -> Result<()> {
+        self.check_cancel()?;
         self.inner.commit()
     }
 }

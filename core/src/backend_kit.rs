@@ -10,4 +10,4 @@ pub use crate::lazy::lazy_bytes;
 pub use crate::options::check_deadline;
 pub use crate::ranges::{check_range, check_ranges, check_written};
 pub use crate::reader::OPEN_PREFIX_LEN;
-pub use crate::reads::{fetch_views, read_at_parallel};
+pub use crate::reads::{fetch_views, read_at_parallel, read_in_order};

@@ -323,6 +323,15 @@ impl AllocationController for AlignedHeap {
     }
 }
 
+/// `len` zeroed heap bytes aligned to `align`, as a controller that lends them writable.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`] for an alignment that is not a power of two; an allocation
+/// failure.
+pub(crate) fn aligned_heap(len: usize, align: usize) -> Result<Box<dyn AllocationController>> {
+    Ok(Box::new(AlignedHeap::zeroed(len, align)?))
+}
+
 /// A `Vec<u8>` adopted without a copy.
 #[derive(Debug)]
 struct HeapVec(Vec<u8>);

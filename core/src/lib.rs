@@ -44,11 +44,14 @@ mod keys;
 mod lazy;
 mod memory;
 mod options;
+mod prefetch;
 mod ranges;
 mod reader;
 mod reads;
 mod sharded;
+mod staging;
 mod storage;
+mod storage_ext;
 mod tensor;
 mod weights;
 mod writer;
@@ -64,9 +67,12 @@ pub use error::{BoxError, Error, ErrorKind, Result};
 pub use format::types::{Format, Limits, ReadOptions, TensorInfo, Validation};
 pub use memory::{MemorySource, MemoryStorage};
 pub use options::{CreateOptions, Durability, WriteMode};
+pub use prefetch::{PrefetchPlan, Prefetched};
 pub use reader::{Loaded, Reader, VerifyReport, retry_on_change};
 pub use sharded::{ShardedSummary, ShardedWeights, ShardedWriter};
-pub use storage::{Listed, PendingWrite, Sink, Source, Storage, StorageExt};
+pub use staging::{Staged, StagedSegment, StagingPool};
+pub use storage::{Listed, PendingWrite, Sink, Source, Storage};
+pub use storage_ext::StorageExt;
 pub use tensor::Tensor;
 pub use weights::{
     StoredTensor, WeightComponentPayload, WeightComponentSpec, WeightEncoding, WeightSegment,

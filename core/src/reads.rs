@@ -3,6 +3,7 @@
 
 use std::ops::Range;
 
+use crate::checksum::crc32c_append;
 use crate::ranges::check_ranges;
 use crate::storage::Source;
 use crate::{Bytes, Error, ErrorKind, Result};
@@ -62,5 +63,107 @@ pub fn read_at_parallel<S: Source + ?Sized>(
                 .join()
                 .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "a read thread panicked")))
         })
+    })
+}
+
+/// The window [`read_in_order`] reads from a source that gains nothing from reading ahead.
+const LOCAL_WINDOW: u64 = 8 << 20;
+/// The window [`read_in_order`] reads from a source that gains from reading ahead (an object
+/// store): one request each, the object-store backend's default request length.
+const REMOTE_WINDOW: u64 = 16 << 20;
+
+/// Reads `range` of `source` in order, window by window, hands every window to `each` on
+/// the calling thread, and returns the CRC32C of all of it: a sequential copy or checksum.
+/// From a source that gains from reading ahead ([`Source::fetch_ahead`] above 0: an object
+/// store), windows of 16 MiB are read on as many worker threads as the fetch budget holds,
+/// each into a buffer of its own reused from window to window, so the store's connections
+/// stay busy while memory holds the budget; anything else is read in 8 MiB windows on the
+/// calling thread.
+///
+/// # Errors
+/// The first read error, or `each`'s, which stops the reads.
+pub fn read_in_order<S: Source + ?Sized>(
+    source: &S,
+    range: Range<u64>,
+    mut each: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<u32> {
+    let mut crc = 0;
+    let mut each = |window: &[u8]| {
+        crc = crc32c_append(crc, window);
+        each(window)
+    };
+    read_windows(source, range, &mut each)?;
+    Ok(crc)
+}
+
+/// [`read_in_order`] without the checksum.
+fn read_windows<S: Source + ?Sized>(
+    source: &S,
+    range: Range<u64>,
+    each: &mut impl FnMut(&[u8]) -> Result<()>,
+) -> Result<()> {
+    let ahead = source.fetch_ahead();
+    let (window, in_flight) = if ahead > 0 {
+        (
+            REMOTE_WINDOW,
+            usize::try_from(ahead / REMOTE_WINDOW).unwrap_or(1),
+        )
+    } else {
+        (LOCAL_WINDOW, 1)
+    };
+    let windows: Vec<Range<u64>> = (range.start..range.end)
+        .step_by(usize::try_from(window).unwrap_or(usize::MAX))
+        .map(|start| start..range.end.min(start + window))
+        .collect();
+    let workers = in_flight.clamp(1, windows.len().max(1));
+    if workers == 1 {
+        let mut buffer = vec![0; window.min(range.end - range.start) as usize];
+        for piece in &windows {
+            let chunk = &mut buffer[..(piece.end - piece.start) as usize];
+            source.read_at(piece.start, chunk)?;
+            each(chunk)?;
+        }
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        // Worker k reads windows k, k + workers, …, one at a time into its one buffer, which
+        // comes back once its window has been handed over: so window i is never waited on
+        // behind a buffer that only a later window could free.
+        let (filled, arrived) = std::sync::mpsc::channel::<(usize, Result<Vec<u8>>)>();
+        let mut give_back = Vec::with_capacity(workers);
+        for worker in 0..workers {
+            let (back, returned) = std::sync::mpsc::channel::<Vec<u8>>();
+            give_back.push(back);
+            let (filled, windows) = (filled.clone(), &windows);
+            scope.spawn(move || {
+                let mut buffer = vec![0; window as usize];
+                for (index, piece) in windows.iter().enumerate().skip(worker).step_by(workers) {
+                    let len = (piece.end - piece.start) as usize;
+                    let read = source.read_at(piece.start, &mut buffer[..len]);
+                    let sent = filled.send((index, read.map(|()| buffer)));
+                    match returned.recv() {
+                        Ok(back) if sent.is_ok() => buffer = back,
+                        _ => return,
+                    }
+                }
+            });
+        }
+        drop(filled);
+        let mut early = std::collections::BTreeMap::new();
+        for (index, piece) in windows.iter().enumerate() {
+            let buffer = loop {
+                if let Some(buffer) = early.remove(&index) {
+                    break buffer;
+                }
+                let (at, read) = arrived
+                    .recv()
+                    .map_err(|_| Error::new(ErrorKind::Io, "a read thread ended early"))?;
+                early.insert(at, read?);
+            };
+            each(&buffer[..(piece.end - piece.start) as usize])?;
+            // The worker may have ended already, on a failure of its own: nothing to return.
+            let _ = give_back[index % workers].send(buffer);
+        }
+        Ok(())
     })
 }

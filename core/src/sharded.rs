@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use crate::format::MAX_INDEX_LEN;
 use crate::keys::unique_token;
 use crate::options::WriteMode;
-use crate::storage::{Storage, StorageExt};
+use crate::storage::Storage;
+use crate::storage_ext::StorageExt;
 use crate::weights::{StoredTensor, WeightSource};
 use crate::{Error, ErrorKind, Reader, Result, Tensor, Writer};
 
@@ -269,5 +270,59 @@ impl WeightSource for ShardedWeights {
             ))
             .with_tensor(name)),
         }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.weight_map.contains_key(name)
+    }
+
+    /// Opens every shard (one header read each) to learn the tensors' lengths.
+    fn catalog(&self) -> Result<Vec<(String, u64)>> {
+        let files: std::collections::BTreeSet<&String> = self.weight_map.values().collect();
+        let mut catalog = Vec::with_capacity(self.weight_map.len());
+        for file in files {
+            let shard = self.shard(file)?;
+            catalog.extend(
+                shard
+                    .catalog()?
+                    .into_iter()
+                    .filter(|(name, _)| self.weight_map.get(name) == Some(file)),
+            );
+        }
+        Ok(catalog)
+    }
+
+    /// The first shard's: every shard is on the same storage.
+    fn fetch_ahead(&self) -> u64 {
+        let first = self.weight_map.values().min();
+        first
+            .and_then(|file| self.shard(file).ok())
+            .map_or(0, |shard| shard.fetch_ahead())
+    }
+
+    /// One batched read per shard the names touch.
+    fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
+        let mut by_shard: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+        for (i, name) in names.iter().enumerate() {
+            if let Some(file) = self.weight_map.get(name) {
+                by_shard.entry(file.as_str()).or_default().push(i);
+            }
+        }
+        let mut out: Vec<Option<StoredTensor>> = vec![None; names.len()];
+        for (file, indices) in by_shard {
+            let first = indices.first().map_or("", |&i| names[i].as_str());
+            let shard = self.shard(file).map_err(|e| e.with_tensor(first))?;
+            let wanted: Vec<String> = indices.iter().map(|&i| names[i].clone()).collect();
+            for (i, stored) in indices.into_iter().zip(shard.stored_tensors(&wanted)?) {
+                if stored.is_none() {
+                    return Err(Error::corrupt(format!(
+                        "the index puts it in `{file}`, which does not hold it"
+                    ))
+                    .with_tensor(&names[i]));
+                }
+                out[i] = stored;
+            }
+        }
+        Ok(out)
     }
 }

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::capabilities::Capabilities;
-use crate::options::{CreateOptions, Durability, WriteMode};
+use crate::options::CreateOptions;
 use crate::ranges::{check_range, check_ranges};
 use crate::{Bytes, Error, ErrorKind, Result};
 
@@ -93,9 +93,10 @@ fn read_resident<S: Source + ?Sized>(source: &S, range: &Range<u64>) -> Result<B
 ///   sink. A failed `commit` leaves the key as it was, with one exception a backend must name
 ///   in the error: the container was published but could not be made durable (a directory
 ///   fsync that failed after the rename).
-/// - The one mode outside these rules is [`WriteMode::InPlace`], which the caller chooses
-///   knowing that it writes the destination itself: the old container is gone once the sink
-///   is created, and a dropped or failed in-place sink leaves a partial file.
+/// - The one mode outside these rules is [`WriteMode::InPlace`](crate::WriteMode::InPlace),
+///   which the caller chooses knowing that it writes the destination itself: the old
+///   container is gone once the sink is created, and a dropped or failed in-place sink leaves
+///   a partial file.
 pub trait Sink: Send {
     /// Appends `data`.
     ///
@@ -134,9 +135,10 @@ pub trait Sink: Send {
 ///
 /// # Contract
 /// - [`create`](Self::create) checks `options` against [`capabilities`](Self::capabilities)
-///   and returns a [`Sink`] with the sink contract; with [`WriteMode::CreateNew`] it may fail
-///   early with [`ErrorKind::AlreadyExists`], and the sink's `commit` must fail so if the key
-///   was taken meanwhile.
+///   and returns a [`Sink`] with the sink contract; with
+///   [`WriteMode::CreateNew`](crate::WriteMode::CreateNew) it may fail early with
+///   [`ErrorKind::AlreadyExists`], and the sink's `commit` must fail so if the key was taken
+///   meanwhile.
 /// - [`open`](Self::open) returns a [`Source`] over the container committed last at the key,
 ///   [`ErrorKind::NotFound`] if none. A source keeps reading what it opened: a later commit or
 ///   delete never mixes into it.
@@ -292,40 +294,3 @@ macro_rules! forward_storage {
     )*};
 }
 forward_storage!(&S, Box<S>, Arc<S>);
-
-/// Conveniences over any [`Storage`], built on its required methods.
-pub trait StorageExt: Storage {
-    /// Writes `body`, a small file such as an index or a commit record, to `key` with
-    /// create-new: it appears whole, and only if the key was free.
-    ///
-    /// # Errors
-    /// [`ErrorKind::AlreadyExists`] when the key is taken; the storage's errors, naming the key
-    /// and the operation.
-    fn write_new(&self, key: &str, body: &[u8], durability: Durability) -> Result<()> {
-        self.write_new_with(
-            key,
-            body,
-            CreateOptions::default().with_durability(durability),
-        )
-    }
-
-    /// [`write_new`](Self::write_new) with `options`' durability and deadline (its mode and
-    /// length are create-new and the body's).
-    ///
-    /// # Errors
-    /// As [`write_new`](Self::write_new); [`ErrorKind::TimedOut`] past the deadline.
-    fn write_new_with(&self, key: &str, body: &[u8], options: CreateOptions) -> Result<()> {
-        let options = options
-            .with_mode(WriteMode::CreateNew)
-            .with_expected_len(body.len() as u64);
-        let mut sink = self
-            .create(key, &options)
-            .map_err(|e| e.with_operation("create").with_key(key))?;
-        sink.write(body)
-            .map_err(|e| e.with_operation("write").with_key(key))?;
-        sink.commit()
-            .map_err(|e| e.with_operation("commit").with_key(key))
-    }
-}
-
-impl<S: Storage + ?Sized> StorageExt for S {}

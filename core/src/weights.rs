@@ -162,6 +162,30 @@ pub trait WeightSource: Send + Sync {
             .collect()
     }
 
+    /// Whether the source holds checkpoint tensor `name`, without reading its bytes. The
+    /// default asks [`stored_tensor`](Self::stored_tensor), which a lazy source answers
+    /// without reading any.
+    fn contains(&self, name: &str) -> bool {
+        self.stored_tensor(name).is_ok_and(|t| t.is_some())
+    }
+
+    /// Every checkpoint tensor's name and byte length, for a consumer that plans reads ahead
+    /// ([`Prefetched`](crate::Prefetched) with
+    /// [`PrefetchPlan::All`](crate::PrefetchPlan::All)). The default lists none.
+    ///
+    /// # Errors
+    /// The backing's errors (a sharded set opens every shard's header).
+    fn catalog(&self) -> Result<Vec<(String, u64)>> {
+        Ok(Vec::new())
+    }
+
+    /// How many bytes a consumer gains from asking for at once
+    /// ([`Source::fetch_ahead`](crate::Source::fetch_ahead)): 0, the default, where a tensor
+    /// costs the same alone (memory, a map, a local file).
+    fn fetch_ahead(&self) -> u64 {
+        0
+    }
+
     /// The component's bytes as ordered segments, one per checkpoint tensor, without copying
     /// them together. `None` when a tensor is missing and the component is not required.
     /// Segment boundaries are not part of the component's ABI: only their total is checked.
@@ -277,6 +301,22 @@ impl WeightSource for Reader {
             shape: info.shape().to_vec(),
             bytes: self.bytes(name)?,
         }))
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensor(name).is_ok()
+    }
+
+    fn catalog(&self) -> Result<Vec<(String, u64)>> {
+        Ok(self
+            .tensors()
+            .iter()
+            .map(|info| (info.name().to_owned(), info.byte_len()))
+            .collect())
+    }
+
+    fn fetch_ahead(&self) -> u64 {
+        self.source().fetch_ahead()
     }
 
     fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {

@@ -65,16 +65,7 @@ impl Bridge {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        // Waiting on the thread of a current-thread runtime would stop the only thread that
-        // can run the work: refuse instead of hanging.
-        if let Ok(current) = tokio::runtime::Handle::try_current()
-            && current.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
-            && self.handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
-        {
-            return Err(Error::unsupported(
-                "called on the thread of the current-thread runtime it runs on; use the _in_background calls",
-            ));
-        }
+        self.check_may_wait()?;
         let (sender, receiver) = std::sync::mpsc::sync_channel(1);
         self.handle.spawn(async move {
             let _ = sender.send(future.await);
@@ -101,6 +92,23 @@ impl Bridge {
                 self.run(async move { tokio::time::timeout_at(deadline.into(), future).await.ok() })
             }
         }
+    }
+
+    /// Whether the calling thread may wait for work on the runtime.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unsupported`] on the thread of the current-thread runtime the work runs on:
+    /// waiting there would stop the only thread that can run it, so refuse instead of hanging.
+    pub(crate) fn check_may_wait(&self) -> Result<()> {
+        if let Ok(current) = tokio::runtime::Handle::try_current()
+            && current.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+            && self.handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+        {
+            return Err(Error::unsupported(
+                "called on the thread of the current-thread runtime it runs on; use the _in_background calls",
+            ));
+        }
+        Ok(())
     }
 
     /// Starts `future` on the runtime without waiting for it.

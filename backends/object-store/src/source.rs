@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
 use weightbay::backend_kit::{OPEN_PREFIX_LEN, check_range, lazy_bytes};
@@ -57,27 +57,58 @@ impl Remote {
         }
     }
 
-    fn get(&self, range: Range<u64>) -> Result<bytes::Bytes> {
-        let store = Arc::clone(&self.store);
-        let path = self.path.clone();
-        let options = self.pinned(range.clone());
-        let result = self
-            .bridge
-            .run(async move { store.get_opts(&path, options).await?.bytes().await })?;
-        let bytes = result.map_err(|e| self.read_error(range.start, e))?;
-        if bytes.len() as u64 != range.end - range.start {
+    /// GETs `offset..offset + buf.len()` straight into `buf`: the response's chunks cross to
+    /// this thread as they arrive and are copied into place, so no buffer of the range's size
+    /// is allocated (a staging pool's reused buffers stay the only memory the bytes land in).
+    fn get_into(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.bridge.check_may_wait()?;
+        let range = offset..offset + buf.len() as u64;
+        let (store, path, options) = (
+            Arc::clone(&self.store),
+            self.path.clone(),
+            self.pinned(range),
+        );
+        // A few chunks in flight: the response waits on the copy, never piles up in memory.
+        let (mut sender, mut chunks) = futures::channel::mpsc::channel(4);
+        let _detached = self.bridge.spawn(async move {
+            let mut body = match store.get_opts(&path, options).await {
+                Ok(got) => got.into_stream(),
+                Err(e) => {
+                    let _ = sender.send(Err(e)).await;
+                    return;
+                }
+            };
+            // Ends when the body does, or when the reader stopped listening.
+            while let Some(chunk) = body.next().await {
+                let failed = chunk.is_err();
+                if sender.send(chunk).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let mut received = 0usize;
+        futures::executor::block_on(async {
+            while let Some(chunk) = chunks.next().await {
+                let chunk = chunk.map_err(|e| self.read_error(offset, e))?;
+                if let Some(target) = buf.get_mut(received..received + chunk.len()) {
+                    target.copy_from_slice(&chunk);
+                }
+                received += chunk.len();
+            }
+            Ok::<(), Error>(())
+        })?;
+        if received != buf.len() {
             return Err(Error::new(
                 ErrorKind::Io,
                 format!(
-                    "the store returned {} bytes for a {}-byte range",
-                    bytes.len(),
-                    range.end - range.start
+                    "the store returned {received} bytes for a {}-byte range",
+                    buf.len()
                 ),
             )
             .with_key(&self.key)
-            .with_offset(range.start));
+            .with_offset(offset));
         }
-        Ok(bytes)
+        Ok(())
     }
 
     fn read_error(&self, offset: u64, e: object_store::Error) -> Error {
@@ -116,8 +147,7 @@ impl Source for Remote {
         if buf.is_empty() {
             return Ok(());
         }
-        buf.copy_from_slice(&self.get(offset..end)?);
-        Ok(())
+        self.get_into(offset, buf)
     }
 }
 

@@ -251,7 +251,10 @@ fn the_gcs_server_through_the_proxy_survives_throttling_and_resets() {
 #[test]
 fn a_rate_limited_prefix_takes_every_write() {
     let faults = r#"{"rate_limit": {"per_second": 15, "depth": 3}}"#;
-    let Some((proxy, storage)) = through_proxy(faults, "30s", quick_retries(10)) else {
+    // Quick retries, so the prefix is hammered and the throttle must act, and enough of them
+    // to span several of the limiter's one-second windows (ten quick ones can all land in
+    // one refusing second on a loaded machine).
+    let Some((proxy, storage)) = through_proxy(faults, "30s", quick_retries(40)) else {
         return;
     };
     let small = |i: usize| Writer::new(vec![Tensor::new("w", DType::U8, [4], vec![i as u8; 4])]);

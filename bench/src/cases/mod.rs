@@ -2,6 +2,7 @@
 
 pub(crate) mod burn;
 pub(crate) mod candle;
+pub(crate) mod cold_start;
 pub(crate) mod encode;
 pub(crate) mod faults;
 pub(crate) mod lifecycle;

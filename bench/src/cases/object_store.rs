@@ -5,13 +5,14 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use weightbay::{Error, Reader, Result, Writer};
+use weightbay::{CreateOptions, Error, Reader, Result, Storage, StorageExt, WriteMode, Writer};
 use weightbay_local::LocalStorage;
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 
 use crate::Bench;
-use crate::harness::{Start, cpu_time, io, median, print_runs};
-use crate::peers::RawUpload;
+use crate::harness::{Start, cpu_time, io, median, paired, print_runs, timed};
+use crate::peers::{RawUpload, boto3_transfer};
+use crate::report::Row;
 use crate::rss::rss_of;
 
 /// The object-store cases: saving through object_store's InMemory store against raw
@@ -106,8 +107,8 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
         )?;
     }
     if wanted("object store copy") {
-        // What `weightbay cp s3://…/ours.bpk local.bpk` does: a Reader's to_writer (which reads
-        // ahead in batches of the fetch budget) streamed into a local file.
+        // What `weightbay cp s3://…/ours.bpk local.bpk` does: the container copied byte for
+        // byte, read ahead in parallel (StorageExt::copy_in), into a local file.
         let local = LocalStorage::new(dir);
         let ranges: Vec<_> = Reader::open_key(&load_storage, "ours.bpk")?
             .tensors()
@@ -119,14 +120,46 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
             &format!("object store copy to a local file, as weightbay cp ({label})"),
             big.bytes(),
             "raw object_store get_ranges (load only)",
-            || {
-                Reader::open_key(&load_storage, "ours.bpk")?
-                    .to_writer()
-                    .write_to(&local, "copied.bpk")
-                    .map(drop)
-            },
+            || cp(&load_storage, "ours.bpk", &local, "copied.bpk"),
             || raw_get_ranges(&ranges),
         )?;
+        let key = format!("{}/ours.bpk", load_storage.prefix());
+        let download = dir.join("boto3-download.bpk");
+        match boto3_transfer(false, &key, &download)? {
+            None => println!(
+                "  cp against boto3: skipped, no Python with boto3 (WEIGHTBAY_PYTHON, or the venv scripts/servers.sh start s3 makes)"
+            ),
+            Some(_) => {
+                let (ours, peer) = paired(
+                    table.runs,
+                    Start::Emptied,
+                    || timed(|| cp(&load_storage, "ours.bpk", &local, "copied.bpk")),
+                    || boto3_needed(boto3_transfer(false, &key, &download)),
+                )?;
+                table.push(Row {
+                    case: format!("weightbay cp s3:// to a local file ({label})"),
+                    ours,
+                    peer: Some((
+                        "boto3 download_file (AWS CLI transfer manager)".into(),
+                        peer,
+                    )),
+                    bytes: big.bytes(),
+                });
+                let uploaded = format!("{}/boto3-upload.bpk", load_storage.prefix());
+                let (ours, peer) = paired(
+                    table.runs,
+                    Start::Cached,
+                    || timed(|| cp(&local, "copied.bpk", &load_storage, "cp-upload.bpk")),
+                    || boto3_needed(boto3_transfer(true, &uploaded, &dir.join("copied.bpk"))),
+                )?;
+                table.push(Row {
+                    case: format!("weightbay cp a local file to s3:// ({label})"),
+                    ours,
+                    peer: Some(("boto3 upload_file (AWS CLI transfer manager)".into(), peer)),
+                    bytes: big.bytes(),
+                });
+            }
+        }
     }
     if wanted("object store cpu") {
         // Client CPU (user + system) per GiB written to the S3 server, against raw
@@ -184,4 +217,21 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// What `weightbay cp` does with a container it does not re-encode: `from_key` of `from`
+/// copied byte for byte to `to_key` of `to` ([`StorageExt::copy_in`]).
+pub(crate) fn cp(from: &dyn Storage, from_key: &str, to: &dyn Storage, to_key: &str) -> Result<()> {
+    let source = from.open(from_key)?;
+    to.copy_in(
+        to_key,
+        source.as_ref(),
+        CreateOptions::default().with_mode(WriteMode::Overwrite),
+    )
+    .map(drop)
+}
+
+/// A boto3 run's time; an error when boto3 went away between runs.
+fn boto3_needed(run: Result<Option<Duration>>) -> Result<Duration> {
+    run?.ok_or_else(|| Error::invalid("boto3 is no longer available"))
 }

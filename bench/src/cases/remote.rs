@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
-use weightbay::{Reader, Result, Writer};
+use weightbay::{Format, Reader, Result, Writer};
 use weightbay_local::LocalStorage;
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 
 use crate::Bench;
+use crate::cases::object_store::cp;
 use crate::harness::{median, print_runs, timed};
 use crate::report::Row;
 use crate::store::SlowStore;
@@ -32,7 +33,7 @@ fn limit(bytes: u64, connections: u64) -> Duration {
 }
 
 /// A storage that reads `inner` through the slow store, and the slow store.
-fn throttled_storage(
+pub(crate) fn throttled_storage(
     inner: &Arc<dyn ObjectStore>,
     options: ObjectStoreOptions,
 ) -> Result<(ObjectStorage, Arc<SlowStore>)> {
@@ -46,8 +47,23 @@ fn throttled_storage(
 
 /// The object the cases read: the big checkpoint, written once through the backend.
 pub(crate) fn store_with(tensors: Vec<weightbay::Tensor>) -> Result<Arc<dyn ObjectStore>> {
+    store_with_format(tensors, Format::Burnpack)
+}
+
+/// As [`store_with`], in `format`, at `big.safetensors` for safetensors, else `big.bpk`.
+pub(crate) fn store_with_format(
+    tensors: Vec<weightbay::Tensor>,
+    format: Format,
+) -> Result<Arc<dyn ObjectStore>> {
     let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    Writer::new(tensors).write_to(&ObjectStorage::new(Arc::clone(&inner))?, "big.bpk")?;
+    let key = if format == Format::Safetensors {
+        "big.safetensors"
+    } else {
+        "big.bpk"
+    };
+    Writer::new(tensors)
+        .with_format(format)
+        .write_to(&ObjectStorage::new(Arc::clone(&inner))?, key)?;
     Ok(inner)
 }
 
@@ -122,7 +138,7 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
         let rss = crate::rss::rss_of("remote-copy", b.args.size_mib, &b.dir)?;
         let options = ObjectStoreOptions::DEFAULT;
         println!(
-            "  peak RSS a remote copy of {} MiB of 16 MiB tensors adds: {} MiB (bound: fetch budget {} MiB + largest tensor 16 MiB)",
+            "  peak RSS a remote copy of {} MiB of 16 MiB tensors adds: {} MiB (bound: fetch budget {} MiB, read in 16 MiB windows)",
             b.args.size_mib,
             rss >> 20,
             options.fetch_budget >> 20
@@ -153,12 +169,7 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
             format!("remote copy to a local file, as weightbay cp ({setting})"),
             bytes,
             &throttled,
-            || {
-                Reader::open_key(&storage, "big.bpk")?
-                    .to_writer()
-                    .write_to(&local, "copied.bpk")
-                    .map(drop)
-            },
+            || cp(&storage, "big.bpk", &local, "copied.bpk"),
         )?;
     }
     Ok(())
@@ -174,8 +185,6 @@ pub(crate) fn copy_rss(tensors: Vec<weightbay::Tensor>, dir: &std::path::Path) -
     std::fs::write("/proc/self/clear_refs", "5")
         .map_err(|e| weightbay::Error::io("resetting the peak RSS", e))?;
     let before = crate::rss::rss("VmRSS:");
-    Reader::open_key(&storage, "big.bpk")?
-        .to_writer()
-        .write_to(&LocalStorage::new(dir), "copied.bpk")?;
+    cp(&storage, "big.bpk", &LocalStorage::new(dir), "copied.bpk")?;
     Ok(crate::rss::rss("VmHWM:").saturating_sub(before))
 }

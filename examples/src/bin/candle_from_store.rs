@@ -6,7 +6,8 @@
 //! ```
 //!
 //! Builds a small MLP (64 → 256 → 32), saves its `VarMap` to the location, loads it through
-//! `VarBuilder::from_backend(WeightbayBackend)` (tensors fetched as the model asks for them),
+//! `VarBuilder::from_backend(WeightbayBackend)` over a `Prefetched` reader (tensors fetched
+//! ahead of the model constructor, in batches, where the store gains from it),
 //! downloads the same object to a local file for `VarBuilder::from_mmaped_safetensors`, and
 //! prints whether the two models' outputs are equal.
 
@@ -15,7 +16,7 @@ use std::process::ExitCode;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, VarBuilder, VarMap};
 use weightbay::Format;
-use weightbay::{Reader, Storage};
+use weightbay::{PrefetchPlan, Prefetched, Reader, Storage};
 use weightbay_candle::{WeightbayBackend, save_var_map};
 use weightbay_object_store::Location;
 
@@ -50,8 +51,9 @@ fn run(url: &str) -> Result<bool, Box<dyn std::error::Error>> {
     )?;
 
     let reader = Reader::open_key(location.storage.as_ref(), &location.key)?;
+    let prefetched = Prefetched::new(reader, PrefetchPlan::All)?;
     let through_weightbay = Mlp::new(VarBuilder::from_backend(
-        Box::new(WeightbayBackend::new(reader)),
+        Box::new(WeightbayBackend::new(prefetched)),
         DType::F32,
         device.clone(),
     ))?;

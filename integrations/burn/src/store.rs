@@ -7,8 +7,8 @@ use burn_store::{
     ApplyResult, BurnpackStore, ModuleSnapshot, ModuleStore, PathFilter, StoreTensor,
 };
 use weightbay::{
-    AccessPolicy, AllocationProperty, Bytes, Durability, Error, ErrorKind, Format, Reader, Result,
-    Storage, Tensor, WriteMode, Writer,
+    AccessPolicy, AllocationProperty, Bytes, Durability, Error, ErrorKind, Format, PrefetchPlan,
+    Prefetched, Reader, Result, Storage, Tensor, WeightSource, WriteMode, Writer,
 };
 
 use crate::dtype::{to_burn_dtype, to_weightbay_dtype};
@@ -124,15 +124,19 @@ impl WeightbayStore {
     /// burn applies them.
     fn cache(&mut self) -> Result<&BTreeMap<String, StoreTensor>> {
         if self.cache.is_none() {
-            let reader = Arc::new(Reader::open_key(self.storage.as_ref(), &self.key)?);
-            let tensors = reader
+            let reader = Reader::open_key(self.storage.as_ref(), &self.key)?;
+            // burn asks for the tensors one at a time as it walks the module: read ahead of
+            // it where a read costs a round trip (an object store; a pass-through elsewhere).
+            let weights = Arc::new(Prefetched::new(reader, PrefetchPlan::All)?);
+            let tensors = weights
+                .inner()
                 .tensors()
                 .iter()
                 .map(|info| {
                     let dtype =
                         to_burn_dtype(info.dtype()).map_err(|e| e.with_tensor(info.name()))?;
                     let shape: Vec<usize> = info.shape().iter().map(|&d| d as usize).collect();
-                    let (reader, name) = (Arc::clone(&reader), info.name().to_owned());
+                    let (weights, name) = (Arc::clone(&weights), info.name().to_owned());
                     let tensor = burn_pack::Tensor::deferred(
                         info.name().to_owned(),
                         dtype,
@@ -140,7 +144,7 @@ impl WeightbayStore {
                         info.param_id(),
                         info.byte_len() as usize,
                         move || {
-                            resident(&reader, &name)
+                            resident(&weights, &name)
                                 .map_err(|e| burn_pack::Error::IoError(e.to_string()))
                         },
                     );
@@ -227,14 +231,28 @@ impl ModuleStore for WeightbayStore {
     }
 }
 
-/// Tensor `name` of `reader`, resident, lent to burn without another copy: one batched read
-/// ([`Reader::load`]: aligned fresh memory from a file, a view of a map or of memory, the
-/// fetched buffer from an object store).
-fn resident(reader: &Reader, name: &str) -> Result<burn_std::Bytes> {
-    let bytes = reader
-        .load(&[name])?
-        .pop()
-        .ok_or_else(|| Error::new(ErrorKind::Io, "a batched read returned nothing"))?;
+/// Tensor `name`, resident, lent to burn without another copy: the prefetched buffer when
+/// one was fetched ahead, else one batched read ([`Reader::load`]: aligned fresh memory from a
+/// file, a view of a map or of memory, the fetched buffer from an object store).
+fn resident(weights: &Prefetched<Reader>, name: &str) -> Result<burn_std::Bytes> {
+    let ahead = if weights.inner().fetch_ahead() > 0 {
+        // A tensor the prefetcher had not fetched comes back as a lazy region, which has read
+        // nothing yet: dropped for the batched read below.
+        weights
+            .stored_tensor(name)?
+            .map(|stored| stored.bytes)
+            .filter(|bytes| bytes.read(AccessPolicy::ZeroCopy).is_ok())
+    } else {
+        None
+    };
+    let bytes = match ahead {
+        Some(bytes) => bytes,
+        None => weights
+            .inner()
+            .load(&[name])?
+            .pop()
+            .ok_or_else(|| Error::new(ErrorKind::Io, "a batched read returned nothing"))?,
+    };
     // Checked here, so the owner below always has its bytes to lend.
     bytes.read(AccessPolicy::ZeroCopy)?;
     Ok(burn_std::Bytes::from_shared(

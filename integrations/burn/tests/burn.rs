@@ -154,3 +154,62 @@ fn partial_loads_report_what_is_missing() {
     let mut store = WeightbayStore::new(storage, "up.bpk");
     assert_eq!(store.keys().unwrap(), ["up.bias", "up.weight"]);
 }
+
+#[derive(Module, Debug)]
+struct Deep {
+    layers: Vec<Linear>,
+}
+
+/// Built from `s3://` through a proxy that adds 20 ms before each request, as a cloud store
+/// would: burn asks for the 24 tensors one at a time, and the store's prefetch answers them
+/// from a few batched requests, counted by the proxy.
+#[test]
+fn a_module_from_s3_loads_in_a_few_requests_not_one_per_tensor() {
+    const LAYERS: usize = 12;
+    let Some(url) = weightbay_conformance::s3_url() else {
+        return;
+    };
+    let Ok(endpoint) = std::env::var("AWS_ENDPOINT") else {
+        panic!("WEIGHTBAY_S3_URL is set but AWS_ENDPOINT is not");
+    };
+    let Some(proxy) = weightbay_conformance::FaultProxy::start(&endpoint, r#"{"latency_ms": 20}"#)
+    else {
+        return;
+    };
+    let storage: Arc<dyn Storage> = Arc::new(
+        weightbay_object_store::open_url(
+            &format!("{url}/burn-prefetch-{}", std::process::id()),
+            [("aws_endpoint", proxy.url())],
+        )
+        .unwrap(),
+    );
+    let device = Default::default();
+    let deep = |device: &Device| Deep {
+        layers: (0..LAYERS)
+            .map(|_| LinearConfig::new(256, 256).init(device))
+            .collect(),
+    };
+    let model = deep(&device);
+    model
+        .save_into(&mut WeightbayStore::new(Arc::clone(&storage), "deep.bpk"))
+        .unwrap();
+    let before = proxy.count("requests");
+    let mut loaded = deep(&device);
+    let result = loaded
+        .load_from(&mut WeightbayStore::new(Arc::clone(&storage), "deep.bpk"))
+        .unwrap();
+    let requests = proxy.count("requests") - before;
+    assert!(result.is_success(), "{result:?}");
+    let data = |m: &Deep| -> Vec<_> {
+        m.layers
+            .iter()
+            .map(|l| l.weight.val().into_data())
+            .collect()
+    };
+    assert_eq!(data(&loaded), data(&model));
+    assert!(
+        requests <= 3,
+        "{requests} requests for {} tensors",
+        2 * LAYERS
+    );
+}

@@ -5,7 +5,11 @@
 //! [`WeightSource`] (a [`Reader`](weightbay::Reader) over one container, or a sharded set).
 //! Tensors are fetched when the model asks for them, one at a time, so a model built from
 //! part of a checkpoint reads only that part; over a memory map the bytes are not copied
-//! until candle creates its tensor. Saving streams a `VarMap` (or any named tensors) as
+//! until candle creates its tensor. From an object store, where each ask would be a round trip
+//! in sequence, wrap the source in a [`Prefetched`](weightbay::Prefetched) first:
+//! `WeightbayBackend::new(Prefetched::new(reader, PrefetchPlan::All)?)` fetches the tensors in
+//! batches, in parallel, ahead of the model constructor and within the store's fetch budget.
+//! Saving streams a `VarMap` (or any named tensors) as
 //! deferred tensors: each is read back from its device only when the writer reaches it.
 //!
 //! ```
@@ -156,8 +160,7 @@ impl<W: WeightSource + Send + Sync> SimpleBackend for WeightbayBackend<W> {
     }
 
     fn contains_tensor(&self, name: &str) -> bool {
-        // Lazy sources hand out a lazy region: asking fetches no tensor bytes.
-        self.weights.stored_tensor(name).is_ok_and(|t| t.is_some())
+        self.weights.contains(name)
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, VarBuilder, VarMap};
 use weightbay::Format;
-use weightbay::{CreateOptions, Reader, Sink, Source, Storage};
+use weightbay::{CreateOptions, PrefetchPlan, Prefetched, Reader, Sink, Source, Storage};
 use weightbay_candle::{WeightbayBackend, save_tensors, save_var_map};
 use weightbay_local::LocalStorage;
 use weightbay_mmap::MmapStorage;
@@ -218,4 +218,86 @@ fn a_model_round_trips_through_s3() {
     save_var_map(&varmap, Format::Safetensors, &storage, "mlp.safetensors").unwrap();
     let loaded = through_weightbay(Reader::open_key(&storage, "mlp.safetensors").unwrap());
     assert_eq!(outputs(&loaded), outputs(&model));
+}
+
+/// A stack of `layers` 256 → 256 linear layers (256 KiB each, beyond what opening a
+/// container reads), so a load asks for many tensors in sequence.
+struct Deep {
+    layers: Vec<Linear>,
+}
+
+impl Deep {
+    fn new(vb: VarBuilder, layers: usize) -> candle_core::Result<Self> {
+        let layers = (0..layers)
+            .map(|i| candle_nn::linear(256, 256, vb.pp(format!("layers.{i}"))))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Self { layers })
+    }
+
+    fn outputs(&self) -> Vec<Vec<f32>> {
+        let mut x = input().reshape((1, 128)).unwrap().repeat((2, 2)).unwrap();
+        for layer in &self.layers {
+            x = layer.forward(&x).unwrap().tanh().unwrap();
+        }
+        x.to_vec2::<f32>().unwrap()
+    }
+}
+
+/// Built from `s3://` through a proxy that adds 20 ms before each request, as a cloud store
+/// would: prefetched, the model constructor's 24 asks become a few batched requests; without,
+/// one request each. Counted by the proxy, so the prefetch is real, not a timing claim.
+#[test]
+fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
+    const LAYERS: usize = 12;
+    let Some(url) = weightbay_conformance::s3_url() else {
+        return;
+    };
+    let Ok(endpoint) = std::env::var("AWS_ENDPOINT") else {
+        panic!("WEIGHTBAY_S3_URL is set but AWS_ENDPOINT is not");
+    };
+    let Some(proxy) = weightbay_conformance::FaultProxy::start(&endpoint, r#"{"latency_ms": 20}"#)
+    else {
+        return;
+    };
+    let storage = weightbay_object_store::open_url(
+        &format!("{url}/candle-prefetch-{}", std::process::id()),
+        [("aws_endpoint", proxy.url())],
+    )
+    .unwrap();
+    let varmap = VarMap::new();
+    let saved = Deep::new(
+        VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+        LAYERS,
+    )
+    .unwrap();
+    save_var_map(&varmap, Format::Safetensors, &storage, "deep.safetensors").unwrap();
+    let tensors = 2 * LAYERS as u64;
+
+    let load = |prefetch: bool| {
+        let before = proxy.count("requests");
+        let reader = Reader::open_key(&storage, "deep.safetensors").unwrap();
+        let vb = |backend: Box<dyn candle_nn::var_builder::SimpleBackend>| {
+            VarBuilder::from_backend(backend, DType::F32, Device::Cpu)
+        };
+        let model = if prefetch {
+            let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
+            Deep::new(vb(Box::new(WeightbayBackend::new(prefetched))), LAYERS).unwrap()
+        } else {
+            Deep::new(vb(Box::new(WeightbayBackend::new(reader))), LAYERS).unwrap()
+        };
+        (model, proxy.count("requests") - before)
+    };
+    let (sequential, one_by_one) = load(false);
+    let (prefetched, batched) = load(true);
+    assert_eq!(sequential.outputs(), saved.outputs());
+    assert_eq!(prefetched.outputs(), saved.outputs());
+    // The open's own request (header, metadata and the first 64 KiB) comes first in both.
+    assert!(
+        one_by_one >= tensors,
+        "{one_by_one} requests for {tensors} tensors one by one"
+    );
+    assert!(
+        batched <= 3,
+        "{batched} requests prefetched, {one_by_one} one by one"
+    );
 }

@@ -1,0 +1,236 @@
+//! Cold start from a store shaped like a cloud store (the remote cases' [`SlowStore`]: 20 ms
+//! to first byte, 100 MiB/s per connection, 16 connections): a Llama-shaped safetensors model
+//! built by candle-transformers' own `Llama::load` through weightbay-candle, once one tensor at
+//! a time (the path model code takes on its own) and once prefetched; and the same bytes
+//! streamed into a reused staging pool, the shape a GPU upload takes.
+//!
+//! The limit each row is set against is computed, not run: what 16 connections carry and, for
+//! the model (whose tensors candle copies into fresh memory), the machine's fresh-memory fill
+//! rate, measured here, whichever is lower.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use candle_core::{DType as CandleDType, Device};
+use candle_nn::VarBuilder;
+use candle_transformers::models::llama::{Config, Llama};
+use weightbay::Tensor;
+use weightbay::{Bytes, DType, Format, PrefetchPlan, Prefetched, Reader, Result, StagingPool};
+use weightbay_candle::WeightbayBackend;
+use weightbay_object_store::ObjectStoreOptions;
+
+use crate::Bench;
+use crate::cases::remote::{CONNECTION_BYTES_PER_SECOND, throttled_storage};
+use crate::harness::{median, print_runs, timed, touch};
+use crate::report::Row;
+use crate::rss::rss;
+use crate::store::SlowStore;
+
+/// Connections the store shape allows.
+const CONNECTIONS: u64 = 16;
+/// Staging buffers: one per connection, each one request long.
+const STAGING_BUFFER: usize = 16 << 20;
+/// Layers of the model at 2 GiB; fewer for a smaller `--size-mib`.
+const LAYERS_AT_2_GIB: u64 = 22;
+
+/// A Llama-7B-shaped configuration scaled down to about `size_mib` MiB of F32 weights: 22
+/// layers of hidden size 1280 (9 tensors each) and a 32,000-token vocabulary, 201 tensors.
+fn llama_config(size_mib: u64) -> Config {
+    let layers = (LAYERS_AT_2_GIB * size_mib / 2048).max(1) as usize;
+    Config {
+        hidden_size: 1280,
+        intermediate_size: 3456,
+        vocab_size: 32_000,
+        num_hidden_layers: layers,
+        num_attention_heads: 10,
+        num_key_value_heads: 10,
+        use_flash_attn: false,
+        rms_norm_eps: 1e-6,
+        rope_theta: 10_000.0,
+        bos_token_id: None,
+        eos_token_id: None,
+        rope_scaling: None,
+        max_position_embeddings: 256,
+        tie_word_embeddings: false,
+    }
+}
+
+/// The model's tensors as a Hugging Face Llama checkpoint names them, F32, each filled with
+/// one byte value and made when the writer reaches it.
+fn llama_tensors(config: &Config) -> Vec<Tensor> {
+    let (h, i, v) = (
+        config.hidden_size as u64,
+        config.intermediate_size as u64,
+        config.vocab_size as u64,
+    );
+    let mut shapes: Vec<(String, Vec<u64>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![v, h]),
+        ("lm_head.weight".into(), vec![v, h]),
+        ("model.norm.weight".into(), vec![h]),
+    ];
+    for layer in 0..config.num_hidden_layers {
+        let at = |name: &str| format!("model.layers.{layer}.{name}.weight");
+        for projection in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+            shapes.push((at(&format!("self_attn.{projection}")), vec![h, h]));
+        }
+        shapes.push((at("mlp.gate_proj"), vec![i, h]));
+        shapes.push((at("mlp.up_proj"), vec![i, h]));
+        shapes.push((at("mlp.down_proj"), vec![h, i]));
+        shapes.push((at("input_layernorm"), vec![h]));
+        shapes.push((at("post_attention_layernorm"), vec![h]));
+    }
+    shapes
+        .into_iter()
+        .enumerate()
+        .map(|(index, (name, shape))| {
+            let len = shape.iter().product::<u64>() * 4;
+            Tensor::deferred(name, DType::F32, shape, len, move || {
+                // Small values: bytes 0x01..0x3f repeated make finite floats.
+                Ok(Bytes::from(vec![(index % 63 + 1) as u8; len as usize]))
+            })
+        })
+        .collect()
+}
+
+/// How fast this machine fills memory fresh from the allocator (every page faulted in and
+/// cleared by the kernel, then written), on one thread: the median of three 512 MiB fills.
+fn fresh_fill_rate() -> f64 {
+    const LEN: usize = 512 << 20;
+    let times: Vec<Duration> = (0..3)
+        .map(|_| {
+            let start = Instant::now();
+            let filled = vec![1u8; LEN];
+            let elapsed = start.elapsed();
+            black_box(touch(&filled));
+            elapsed
+        })
+        .collect();
+    LEN as f64 / median(times).as_secs_f64()
+}
+
+/// Times `f` over the bench's runs, with the GETs each run made and the most memory it added,
+/// and records it against `limit`.
+fn against(
+    b: &mut Bench<'_>,
+    case: &str,
+    bytes: u64,
+    throttled: &SlowStore,
+    (limit_name, limit): (&str, Duration),
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let (mut times, mut gets, mut peaks, mut open) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    for _ in 0..b.table.runs {
+        let before_gets = throttled.counts().gets.load(Ordering::Relaxed);
+        throttled.counts().take_most_open();
+        // Resets the peak to the current resident set (Linux), so the peak after is the run's.
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let before = rss("VmRSS:");
+        times.push(timed(&mut f)?);
+        peaks.push(rss("VmHWM:").saturating_sub(before) >> 20);
+        gets.push(throttled.counts().gets.load(Ordering::Relaxed) - before_gets);
+        open = open.max(throttled.counts().take_most_open());
+    }
+    print_runs(&times, &vec![limit; times.len()]);
+    println!(
+        "    GET requests each run: {gets:?}; peak RSS added, MiB: {peaks:?}; most connections open at once: {open}"
+    );
+    b.table.push(Row {
+        case: case.to_owned(),
+        ours: median(times),
+        peer: Some((limit_name.to_owned(), limit)),
+        bytes,
+    });
+    Ok(())
+}
+
+pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
+    let config = llama_config(b.args.size_mib);
+    let tensors = llama_tensors(&config);
+    let count = tensors.len();
+    let inner = crate::cases::remote::store_with_format(tensors, Format::Safetensors)?;
+    let (storage, throttled) = throttled_storage(&inner, ObjectStoreOptions::DEFAULT)?;
+    let storage = Arc::new(storage);
+    let key = "big.safetensors";
+    let bytes: u64 = Reader::open_key(storage.as_ref(), key)?
+        .tensors()
+        .iter()
+        .map(|info| info.byte_len())
+        .sum();
+    let connections = CONNECTIONS as f64 * CONNECTION_BYTES_PER_SECOND;
+    let fill = fresh_fill_rate();
+    println!(
+        "  cold start: a {}-layer Llama, {count} tensors, {} MiB; {CONNECTIONS} connections carry {:.0} MiB/s, this machine fills fresh memory at {:.0} MiB/s on one thread",
+        config.num_hidden_layers,
+        bytes >> 20,
+        connections / f64::from(1 << 20),
+        fill / f64::from(1 << 20)
+    );
+    let connection_limit = Duration::from_secs_f64(bytes as f64 / connections);
+    let model_limit = Duration::from_secs_f64(bytes as f64 / connections.min(fill));
+    let model_limit_name = if fill < connections {
+        "fresh-memory fill rate"
+    } else {
+        "16 × 100 MiB/s connections"
+    };
+    let build = |prefetch: bool| -> Result<()> {
+        let reader = Reader::open_key(storage.as_ref(), key)?;
+        let backend: Box<dyn candle_nn::var_builder::SimpleBackend> = if prefetch {
+            Box::new(WeightbayBackend::new(Prefetched::new(
+                reader,
+                PrefetchPlan::All,
+            )?))
+        } else {
+            Box::new(WeightbayBackend::new(reader))
+        };
+        let vb = VarBuilder::from_backend(backend, CandleDType::F32, Device::Cpu);
+        let model = Llama::load(vb, &config)
+            .map_err(|e| weightbay::Error::new(weightbay::ErrorKind::Io, e.to_string()))?;
+        black_box(model);
+        Ok(())
+    };
+    if b.args.wants("cold start: llama one tensor at a time") {
+        against(
+            b,
+            "cold start: llama one tensor at a time via weightbay-candle",
+            bytes,
+            &throttled,
+            (model_limit_name, model_limit),
+            || build(false),
+        )?;
+    }
+    if b.args.wants("cold start: llama prefetched") {
+        against(
+            b,
+            "cold start: llama prefetched via weightbay-candle",
+            bytes,
+            &throttled,
+            (model_limit_name, model_limit),
+            || build(true),
+        )?;
+    }
+    if b.args.wants("cold start: staging pool") {
+        let pool = StagingPool::new(CONNECTIONS as usize, STAGING_BUFFER)?;
+        let reader = Reader::open_key(storage.as_ref(), key)?;
+        let names: Vec<&str> = reader.tensors().iter().map(|t| t.name()).collect();
+        against(
+            b,
+            "cold start: into a reused staging pool (16 × 16 MiB)",
+            bytes,
+            &throttled,
+            ("16 × 100 MiB/s connections", connection_limit),
+            || {
+                let mut sum = 0;
+                reader.stage(&names, &pool, |staged| {
+                    // A runtime would start the copy to the device here.
+                    sum += touch(staged.bytes());
+                    Ok(())
+                })?;
+                black_box(sum);
+                Ok(())
+            },
+        )?;
+    }
+    Ok(())
+}

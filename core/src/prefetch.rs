@@ -1,0 +1,426 @@
+//! Reading weights ahead of a consumer that asks for them one at a time: [`Prefetched`] wraps a
+//! [`WeightSource`] and, told which tensors will be asked for in which order ([`PrefetchPlan`]),
+//! fetches them in batches on worker threads within a byte budget while the consumer (a model
+//! constructor, a module loader) works, handing each over when asked.
+//!
+//! Model code asks for one tensor, builds a layer, asks for the next: over an object store each
+//! ask is a round trip, in sequence. Prefetching turns the asks into batched reads that run in
+//! parallel (see [`Source::fetch`](crate::Source::fetch)), kept ahead of the consumer by at
+//! most the budget.
+
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+
+use crate::weights::{StoredTensor, WeightSource};
+use crate::{Error, ErrorKind, Result};
+
+/// Batches fetched at once: enough to keep a batch in flight while the consumer takes the
+/// last one, and each batch large enough to be coalesced into a few requests.
+const WORKERS: usize = 4;
+
+/// Which tensors a consumer will ask for, and in which order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrefetchPlan {
+    /// Every tensor the source holds ([`WeightSource::catalog`]), in natural name order:
+    /// numbers compared as numbers, so `layers.2` comes before `layers.10`, the order model
+    /// code builds layers in.
+    All,
+    /// These tensors, in this order. Names the source does not hold are skipped.
+    Names(Vec<String>),
+}
+
+/// A [`WeightSource`] that reads ahead of its consumer.
+///
+/// The tensors of the [`PrefetchPlan`] are fetched in order, in batches of a quarter of the
+/// budget (a tensor larger than that alone), at most four batches at once, and held until asked
+/// for; fetched tensors not yet asked for and batches in flight together stay within the
+/// budget, except that one batch may always run. A tensor asked for while its batch is in
+/// flight waits for it; one whose batch has not started has that batch fetched at once on the
+/// asking thread (the consumer has caught up with the plan); one the plan does not name is
+/// read alone. So memory holds at most the budget plus one batch or the largest tensor. Each
+/// planned tensor is handed over once: asking for it again reads it again.
+///
+/// A budget of 0 (a source that gains nothing from reading ahead: memory, a map, a local file)
+/// starts no threads and passes every call through.
+///
+/// A batch that fails is not an error until its tensors are asked for: each is then read
+/// alone, and that read's error is the one returned, naming the tensor.
+#[derive(Debug)]
+pub struct Prefetched<W: WeightSource + 'static> {
+    shared: Arc<Shared<W>>,
+}
+
+#[derive(Debug)]
+struct Shared<W> {
+    weights: W,
+    budget: u64,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// A batch of the plan: names with their byte lengths.
+type Batch = Vec<(String, u64)>;
+
+#[derive(Debug, Default)]
+struct State {
+    /// Batches not started, in plan order, each with its number.
+    plan: VecDeque<(usize, Batch)>,
+    /// Which batch each planned name is in, until the batch starts.
+    planned: HashMap<String, usize>,
+    /// Names of the batches being fetched.
+    in_flight: HashSet<String>,
+    /// Fetched and not yet asked for, with the bytes each reserves.
+    ready: HashMap<String, (StoredTensor, u64)>,
+    /// Names the consumer read itself: a batch that reaches them skips them.
+    taken: HashSet<String>,
+    /// Bytes of batches in flight and tensors ready.
+    reserved: u64,
+    /// The consumer dropped the prefetcher: workers end after their batch.
+    stopped: bool,
+}
+
+impl State {
+    /// Takes batch `number` out of the plan (when not started yet) and marks it in flight,
+    /// leaving out what the consumer read itself.
+    fn start(&mut self, number: usize) -> Option<Batch> {
+        let at = self.plan.binary_search_by_key(&number, |(n, _)| *n).ok()?;
+        let (_, batch) = self.plan.remove(at)?;
+        let batch: Batch = batch
+            .into_iter()
+            .filter(|(name, _)| {
+                self.planned.remove(name);
+                !self.taken.contains(name)
+            })
+            .collect();
+        self.reserved += batch.iter().map(|(_, len)| len).sum::<u64>();
+        self.in_flight
+            .extend(batch.iter().map(|(name, _)| name.clone()));
+        Some(batch)
+    }
+}
+
+impl<W: WeightSource + 'static> Prefetched<W> {
+    /// Prefetches `plan` from `weights` within [`WeightSource::fetch_ahead`] bytes.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when a worker thread cannot start.
+    pub fn new(weights: W, plan: PrefetchPlan) -> Result<Self> {
+        let budget = weights.fetch_ahead();
+        Self::with_budget(weights, plan, budget)
+    }
+
+    /// As [`new`](Self::new), within `budget` bytes (0: no reading ahead).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when a worker thread cannot start.
+    pub fn with_budget(weights: W, plan: PrefetchPlan, budget: u64) -> Result<Self> {
+        let batches = if budget == 0 {
+            Vec::new()
+        } else {
+            batches(ordered(&weights, plan), budget / WORKERS as u64)
+        };
+        let workers = batches.len().min(WORKERS);
+        let planned = batches
+            .iter()
+            .enumerate()
+            .flat_map(|(number, batch)| batch.iter().map(move |(name, _)| (name.clone(), number)))
+            .collect();
+        let shared = Arc::new(Shared {
+            weights,
+            budget,
+            state: Mutex::new(State {
+                plan: batches.into_iter().enumerate().collect(),
+                planned,
+                ..State::default()
+            }),
+            changed: Condvar::new(),
+        });
+        for _ in 0..workers {
+            let worker = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("weightbay-prefetch".into())
+                .spawn(move || worker.run())
+                .map_err(|e| Error::io("starting a prefetch thread", e))?;
+        }
+        Ok(Self { shared })
+    }
+
+    /// The source read from.
+    pub fn inner(&self) -> &W {
+        &self.shared.weights
+    }
+}
+
+impl<W: WeightSource + 'static> Drop for Prefetched<W> {
+    fn drop(&mut self) {
+        self.shared.lock().stopped = true;
+        self.shared.changed.notify_all();
+    }
+}
+
+impl<W: WeightSource> Shared<W> {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a few inserts and removes that leave the state consistent between
+        // them, so a panic elsewhere while holding the lock leaves nothing half-done.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        self.changed
+            .wait(guard)
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A worker: fetches the next batch whenever the budget has room, until the plan is done
+    /// or the prefetcher is dropped.
+    fn run(&self) {
+        let mut state = self.lock();
+        loop {
+            if state.stopped {
+                return;
+            }
+            let Some((number, next)) = state.plan.front() else {
+                return;
+            };
+            let size: u64 = next.iter().map(|(_, len)| len).sum();
+            if state.reserved > 0 && state.reserved.saturating_add(size) > self.budget {
+                state = self.wait(state);
+                continue;
+            }
+            let number = *number;
+            let batch = state.start(number).unwrap_or_default();
+            state = self.fetch(state, batch);
+        }
+    }
+
+    /// Fetches a started batch without holding the lock, and files what came back.
+    fn fetch<'a>(&'a self, state: MutexGuard<'a, State>, batch: Batch) -> MutexGuard<'a, State> {
+        drop(state);
+        let names: Vec<String> = batch.iter().map(|(name, _)| name.clone()).collect();
+        let fetched = self.weights.stored_tensors(&names);
+        let mut state = self.lock();
+        match fetched {
+            Ok(fetched) => {
+                for ((name, len), stored) in batch.into_iter().zip(fetched) {
+                    state.in_flight.remove(&name);
+                    match stored {
+                        Some(stored) if !state.taken.contains(&name) => {
+                            state.ready.insert(name, (stored, len));
+                        }
+                        _ => state.reserved -= len,
+                    }
+                }
+            }
+            Err(_) => {
+                // Asked for, each tensor is read alone and reports its own error.
+                for (name, len) in &batch {
+                    state.in_flight.remove(name);
+                    state.reserved -= len;
+                }
+            }
+        }
+        self.changed.notify_all();
+        state
+    }
+
+    /// The fetched tensor `name`, after waiting for its batch (or fetching it, when it has not
+    /// started); `None` when it has to be read alone.
+    fn take(&self, name: &str) -> Option<StoredTensor> {
+        let mut state = self.lock();
+        loop {
+            if let Some((stored, len)) = state.ready.remove(name) {
+                state.reserved -= len;
+                self.changed.notify_all();
+                return Some(stored);
+            }
+            if state.in_flight.contains(name) {
+                state = self.wait(state);
+                continue;
+            }
+            let number = state.planned.get(name).copied();
+            match number.and_then(|number| state.start(number)) {
+                Some(batch) => state = self.fetch(state, batch),
+                None => {
+                    state.taken.insert(name.to_owned());
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl<W: WeightSource + 'static> WeightSource for Prefetched<W> {
+    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        match self.shared.take(name) {
+            Some(stored) => Ok(Some(stored)),
+            None => self.shared.weights.stored_tensor(name),
+        }
+    }
+
+    fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
+        let mut out: Vec<Option<StoredTensor>> =
+            names.iter().map(|n| self.shared.take(n)).collect();
+        let missing: Vec<String> = names
+            .iter()
+            .zip(&out)
+            .filter(|(_, taken)| taken.is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        if missing.is_empty() {
+            return Ok(out);
+        }
+        let mut read = self.shared.weights.stored_tensors(&missing)?.into_iter();
+        for slot in out.iter_mut().filter(|slot| slot.is_none()) {
+            *slot = read.next().ok_or_else(|| {
+                Error::new(ErrorKind::Io, "a batched read returned too few tensors")
+            })?;
+        }
+        Ok(out)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.shared.weights.contains(name)
+    }
+
+    fn catalog(&self) -> Result<Vec<(String, u64)>> {
+        self.shared.weights.catalog()
+    }
+
+    fn fetch_ahead(&self) -> u64 {
+        // Already reading ahead: a prefetcher over this one would only add threads.
+        0
+    }
+}
+
+/// The plan's tensors, in order, with their lengths; names the source does not hold dropped.
+fn ordered<W: WeightSource>(weights: &W, plan: PrefetchPlan) -> Vec<(String, u64)> {
+    // A source that cannot list its tensors gets nothing read ahead, not an error: every ask
+    // then reads, as without a prefetcher.
+    let catalog = weights.catalog().unwrap_or_default();
+    match plan {
+        PrefetchPlan::All => {
+            let mut all = catalog;
+            all.sort_by(|a, b| natural_order(&a.0, &b.0));
+            all
+        }
+        PrefetchPlan::Names(names) => {
+            let lengths: HashMap<String, u64> = catalog.into_iter().collect();
+            let mut seen = HashSet::new();
+            names
+                .into_iter()
+                .filter_map(|name| {
+                    let len = *lengths.get(&name)?;
+                    seen.insert(name.clone()).then_some((name, len))
+                })
+                .collect()
+        }
+    }
+}
+
+/// `tensors` cut into consecutive batches of at most `batch_bytes` (a larger tensor alone).
+fn batches(tensors: Vec<(String, u64)>, batch_bytes: u64) -> Vec<Batch> {
+    let mut out = Vec::new();
+    let mut batch: Batch = Vec::new();
+    let mut size = 0u64;
+    for (name, len) in tensors {
+        if !batch.is_empty() && size.saturating_add(len) > batch_bytes {
+            out.push(std::mem::take(&mut batch));
+            size = 0;
+        }
+        size = size.saturating_add(len);
+        batch.push((name, len));
+    }
+    if !batch.is_empty() {
+        out.push(batch);
+    }
+    out
+}
+
+/// Compares names with runs of digits compared as numbers (`a.2` < `a.10`), otherwise bytewise.
+pub(crate) fn natural_order(a: &str, b: &str) -> Ordering {
+    let (mut a, mut b) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (a.first(), b.first()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
+                let (da, ra) = split_digits(a);
+                let (db, rb) = split_digits(b);
+                let (ta, tb) = (trim_zeros(da), trim_zeros(db));
+                let by_value = ta.len().cmp(&tb.len()).then_with(|| ta.cmp(tb));
+                let order = by_value.then_with(|| da.len().cmp(&db.len()));
+                if order != Ordering::Equal {
+                    return order;
+                }
+                (a, b) = (ra, rb);
+            }
+            (Some(x), Some(y)) => {
+                if x != y {
+                    return x.cmp(y);
+                }
+                (a, b) = (&a[1..], &b[1..]);
+            }
+        }
+    }
+}
+
+fn split_digits(s: &[u8]) -> (&[u8], &[u8]) {
+    let end = s
+        .iter()
+        .position(|c| !c.is_ascii_digit())
+        .unwrap_or(s.len());
+    s.split_at(end)
+}
+
+fn trim_zeros(digits: &[u8]) -> &[u8] {
+    let start = digits
+        .iter()
+        .position(|&c| c != b'0')
+        .unwrap_or(digits.len());
+    &digits[start..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_sort_by_number() {
+        let mut names = vec![
+            "model.layers.10.mlp",
+            "model.layers.2.mlp",
+            "model.layers.1.attn",
+            "lm_head",
+            "model.layers.02.mlp",
+            "model.norm",
+        ];
+        names.sort_by(|a, b| natural_order(a, b));
+        assert_eq!(
+            names,
+            [
+                "lm_head",
+                "model.layers.1.attn",
+                "model.layers.2.mlp",
+                "model.layers.02.mlp",
+                "model.layers.10.mlp",
+                "model.norm",
+            ]
+        );
+    }
+
+    #[test]
+    fn batches_keep_order_and_size() {
+        let tensors: Vec<(String, u64)> = [3, 3, 3, 10, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (format!("t{i}"), len))
+            .collect();
+        let cut: Vec<Vec<u64>> = batches(tensors, 6)
+            .into_iter()
+            .map(|b| b.into_iter().map(|(_, len)| len).collect())
+            .collect();
+        assert_eq!(cut, [vec![3, 3], vec![3], vec![10], vec![1]]);
+    }
+}

@@ -1,0 +1,64 @@
+//! [`StorageExt`]: conveniences over any [`Storage`], built on its required methods.
+
+use crate::Result;
+use crate::options::{CreateOptions, Durability, WriteMode};
+use crate::reads::read_in_order;
+use crate::storage::{Source, Storage};
+
+/// Conveniences over any [`Storage`], built on its required methods.
+pub trait StorageExt: Storage {
+    /// Writes `body`, a small file such as an index or a commit record, to `key` with
+    /// create-new: it appears whole, and only if the key was free.
+    ///
+    /// # Errors
+    /// [`ErrorKind::AlreadyExists`](crate::ErrorKind::AlreadyExists) when the key is taken;
+    /// the storage's errors, naming the key and the operation.
+    fn write_new(&self, key: &str, body: &[u8], durability: Durability) -> Result<()> {
+        self.write_new_with(
+            key,
+            body,
+            CreateOptions::default().with_durability(durability),
+        )
+    }
+
+    /// [`write_new`](Self::write_new) with `options`' durability and deadline (its mode and
+    /// length are create-new and the body's).
+    ///
+    /// # Errors
+    /// As [`write_new`](Self::write_new);
+    /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) past the deadline.
+    fn write_new_with(&self, key: &str, body: &[u8], options: CreateOptions) -> Result<()> {
+        let options = options
+            .with_mode(WriteMode::CreateNew)
+            .with_expected_len(body.len() as u64);
+        let mut sink = self
+            .create(key, &options)
+            .map_err(|e| e.with_operation("create").with_key(key))?;
+        sink.write(body)
+            .map_err(|e| e.with_operation("write").with_key(key))?;
+        sink.commit()
+            .map_err(|e| e.with_operation("commit").with_key(key))
+    }
+
+    /// Copies all of `source` to `key`, byte for byte and in order, and returns the CRC32C of
+    /// the bytes copied: read ahead in parallel from a store that gains from it
+    /// ([`read_in_order`](crate::backend_kit::read_in_order)), written as they come, committed
+    /// last with `options` (their expected length is the source's). A failure leaves `key` as
+    /// it was.
+    ///
+    /// # Errors
+    /// The source's and the storage's errors, naming the key and the operation.
+    fn copy_in(&self, key: &str, source: &dyn Source, options: CreateOptions) -> Result<u32> {
+        let len = source.len();
+        let mut sink = self
+            .create(key, &options.with_expected_len(len))
+            .map_err(|e| e.with_operation("create").with_key(key))?;
+        let crc = read_in_order(source, 0..len, |window| sink.write(window))
+            .map_err(|e| e.with_operation("copy").with_key(key))?;
+        sink.commit()
+            .map_err(|e| e.with_operation("commit").with_key(key))?;
+        Ok(crc)
+    }
+}
+
+impl<S: Storage + ?Sized> StorageExt for S {}

@@ -1,0 +1,283 @@
+//! Loads shaped for cold start: a [`Prefetched`] source reading ahead of a consumer that asks
+//! one tensor at a time, and [`Reader::stage`] streaming through a reused [`StagingPool`].
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use weightbay::{
+    Bytes, DType, ErrorKind, MemorySource, PrefetchPlan, Prefetched, Reader, ShardedWeights,
+    ShardedWriter, Source, StagingPool, Tensor, WeightSource, Writer,
+};
+
+/// A memory source that gains from reading ahead, as an object store does, and counts its
+/// batched reads and the bytes they asked for.
+#[derive(Debug)]
+struct Remote {
+    inner: MemorySource,
+    ahead: u64,
+    fetches: AtomicUsize,
+    /// When set, every batched read of more than one range fails.
+    refuse_batches: bool,
+    fetched: AtomicU64,
+}
+
+impl Source for Remote {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn fetch(&self, ranges: &[Range<u64>]) -> weightbay::Result<Vec<Bytes>> {
+        self.fetches.fetch_add(1, Ordering::SeqCst);
+        if self.refuse_batches && ranges.len() > 1 {
+            return Err(weightbay::Error::new(ErrorKind::Io, "refused for the test"));
+        }
+        let asked: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        self.fetched.fetch_add(asked, Ordering::SeqCst);
+        self.inner.fetch(ranges)
+    }
+    fn fetch_ahead(&self) -> u64 {
+        self.ahead
+    }
+}
+
+/// `count` tensors of `len` bytes each, `layers.{i}.w` filled with `i`.
+fn container(count: usize, len: usize) -> weightbay::SharedBytes {
+    Writer::new(
+        (0..count)
+            .map(|i| {
+                Tensor::new(
+                    format!("layers.{i}.w"),
+                    DType::U8,
+                    [len as u64],
+                    vec![i as u8; len],
+                )
+            })
+            .collect(),
+    )
+    .into_bytes()
+    .unwrap()
+    .into()
+}
+
+fn remote(count: usize, len: usize, ahead: u64) -> (Reader, Arc<Remote>) {
+    let source = Arc::new(Remote {
+        inner: MemorySource::new(container(count, len)),
+        ahead,
+        fetches: AtomicUsize::new(0),
+        refuse_batches: false,
+        fetched: AtomicU64::new(0),
+    });
+    (Reader::open(source.clone()).unwrap(), source)
+}
+
+fn value(weights: &impl WeightSource, name: &str) -> Vec<u8> {
+    weights
+        .stored_tensor(name)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name} missing"))
+        .bytes
+        .to_vec()
+        .unwrap()
+}
+
+#[test]
+fn a_consumer_asking_one_at_a_time_is_answered_from_a_few_batched_reads() {
+    let (reader, source) = remote(40, 1000, 16_000);
+    let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
+    // Natural order: layers.2 before layers.10, as the plan fetches them.
+    for i in 0..40 {
+        assert_eq!(
+            value(&prefetched, &format!("layers.{i}.w")),
+            vec![i as u8; 1000]
+        );
+    }
+    let fetches = source.fetches.load(Ordering::SeqCst);
+    assert!(fetches <= 12, "{fetches} batched reads for 40 tensors");
+    assert_eq!(
+        source.fetched.load(Ordering::SeqCst),
+        40 * 1000,
+        "each tensor fetched once"
+    );
+}
+
+#[test]
+fn tensors_out_of_plan_order_or_outside_it_are_read_on_demand_and_right() {
+    let (reader, _) = remote(30, 500, 4_000);
+    let plan = PrefetchPlan::Names((0..10).map(|i| format!("layers.{i}.w")).collect());
+    let prefetched = Prefetched::new(reader, plan).unwrap();
+    for i in (0..30).rev() {
+        assert_eq!(
+            value(&prefetched, &format!("layers.{i}.w")),
+            vec![i as u8; 500]
+        );
+    }
+    // Asking again reads again: a prefetched tensor is handed over once.
+    assert_eq!(value(&prefetched, "layers.3.w"), vec![3; 500]);
+    assert!(prefetched.stored_tensor("absent").unwrap().is_none());
+    assert!(prefetched.contains("layers.29.w") && !prefetched.contains("absent"));
+    let names: Vec<String> = ["layers.7.w", "absent", "layers.8.w"]
+        .map(String::from)
+        .to_vec();
+    let batch = prefetched.stored_tensors(&names).unwrap();
+    assert_eq!(
+        batch[0].as_ref().unwrap().bytes.to_vec().unwrap(),
+        vec![7; 500]
+    );
+    assert!(batch[1].is_none());
+    assert_eq!(
+        batch[2].as_ref().unwrap().bytes.to_vec().unwrap(),
+        vec![8; 500]
+    );
+}
+
+#[test]
+fn what_is_fetched_ahead_stays_within_the_budget() {
+    // Nothing is asked for: the workers stop once the budget is reserved.
+    let (reader, source) = remote(50, 1000, 10_000);
+    let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
+    // Until the workers have fetched, then a while longer for any that would overrun.
+    let start = std::time::Instant::now();
+    while source.fetched.load(Ordering::SeqCst) == 0 && start.elapsed().as_secs() < 10 {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let ahead = source.fetched.load(Ordering::SeqCst);
+    assert!(
+        ahead <= 10_000,
+        "{ahead} bytes fetched ahead of a 10,000-byte budget"
+    );
+    assert!(ahead > 0, "nothing was fetched ahead");
+    drop(prefetched);
+}
+
+#[test]
+fn a_failed_batch_surfaces_as_each_tensors_own_read() {
+    let source = Arc::new(Remote {
+        inner: MemorySource::new(container(10, 100)),
+        ahead: 1_000,
+        fetches: AtomicUsize::new(0),
+        refuse_batches: true,
+        fetched: AtomicU64::new(0),
+    });
+    let prefetched =
+        Prefetched::new(Reader::open(source.clone()).unwrap(), PrefetchPlan::All).unwrap();
+    // The batches fail; each ask then reads its tensor alone, which succeeds.
+    for i in 0..10 {
+        assert_eq!(
+            value(&prefetched, &format!("layers.{i}.w")),
+            vec![i as u8; 100]
+        );
+    }
+    assert!(
+        source.fetches.load(Ordering::SeqCst) > 0,
+        "no batch was tried"
+    );
+}
+
+#[test]
+fn a_local_source_is_passed_through_without_threads() {
+    let reader = Reader::from_bytes(container(5, 10)).unwrap();
+    let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
+    assert_eq!(prefetched.fetch_ahead(), 0);
+    assert_eq!(value(&prefetched, "layers.4.w"), vec![4; 10]);
+}
+
+#[test]
+fn a_sharded_set_prefetches_across_its_shards() {
+    let storage = Arc::new(weightbay::MemoryStorage::new());
+    let tensors = (0..12)
+        .map(|i| Tensor::new(format!("layers.{i}.w"), DType::U8, [64], vec![i as u8; 64]))
+        .collect();
+    let summary =
+        ShardedWriter::new(Writer::new(tensors).with_format(weightbay::Format::Safetensors))
+            .with_shard_len(200)
+            .write_to(storage.as_ref(), "m")
+            .unwrap();
+    assert!(summary.shards.len() > 2, "{} shards", summary.shards.len());
+    let sharded = ShardedWeights::open(storage, &summary.index).unwrap();
+    assert_eq!(sharded.catalog().unwrap().len(), 12);
+    let prefetched = Prefetched::with_budget(sharded, PrefetchPlan::All, 1 << 20).unwrap();
+    for i in 0..12 {
+        assert_eq!(
+            value(&prefetched, &format!("layers.{i}.w")),
+            vec![i as u8; 64]
+        );
+    }
+}
+
+/// Every staged byte put back where its segments say, per tensor.
+fn staged(reader: &Reader, names: &[&str], pool: &StagingPool) -> Vec<Vec<u8>> {
+    let mut out: Vec<Vec<u8>> = names
+        .iter()
+        .map(|name| vec![0xEE; reader.tensor(name).unwrap().byte_len() as usize])
+        .collect();
+    reader
+        .stage(names, pool, |piece| {
+            for segment in piece.segments() {
+                let at = segment.tensor_offset as usize;
+                let bytes = &piece.bytes()[segment.range.clone()];
+                out[segment.tensor][at..at + bytes.len()].copy_from_slice(bytes);
+            }
+            Ok(())
+        })
+        .unwrap();
+    out
+}
+
+#[test]
+fn staged_tensors_arrive_whole_through_buffers_smaller_and_larger_than_them() {
+    let (reader, _) = remote(20, 3000, 0);
+    let names: Vec<String> = (0..20).map(|i| format!("layers.{i}.w")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for buffer_len in [1000, 3000, 7000, 100_000] {
+        let pool = StagingPool::new(3, buffer_len).unwrap();
+        let out = staged(&reader, &names, &pool);
+        for (i, bytes) in out.iter().enumerate() {
+            assert_eq!(
+                bytes,
+                &vec![i as u8; 3000],
+                "tensor {i}, {buffer_len}-byte buffers"
+            );
+        }
+    }
+    // A subset, repeated, out of order.
+    let pool = StagingPool::new(2, 4096).unwrap();
+    let subset = ["layers.9.w", "layers.1.w", "layers.9.w"];
+    let out = staged(&reader, &subset, &pool);
+    assert_eq!(out, [vec![9; 3000], vec![1; 3000], vec![9; 3000]]);
+}
+
+#[test]
+fn staging_checks_names_first_and_stops_on_the_consumers_error() {
+    let (reader, _) = remote(10, 1000, 0);
+    let pool = StagingPool::new(2, 1000).unwrap();
+    let err = reader
+        .stage(&["layers.1.w", "nope"], &pool, |_| {
+            panic!("nothing may be read")
+        })
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    let names: Vec<String> = (0..10).map(|i| format!("layers.{i}.w")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut seen = 0;
+    let err = reader
+        .stage(&names, &pool, |_| {
+            seen += 1;
+            Err(weightbay::Error::invalid("the device is full"))
+        })
+        .unwrap_err();
+    assert_eq!((err.kind(), seen), (ErrorKind::InvalidInput, 1));
+    // Every buffer came back: a full load through the same pool still runs.
+    assert_eq!(staged(&reader, &names, &pool).len(), 10);
+}
+
+#[test]
+fn a_pool_refuses_buffers_it_cannot_write_or_that_differ() {
+    let err = StagingPool::from_buffers(Vec::new()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let err = StagingPool::new(1, 0).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+}
