@@ -131,3 +131,50 @@ impl Sink for GatedSink {
         gate.commit_in_turn(id, || inner.commit())
     }
 }
+
+/// A meeting of a number of threads that gives up after [`PATIENCE`]: a barrier that cannot
+/// hang a case when one party fails before it gets there.
+#[derive(Debug)]
+pub(crate) struct Rendezvous {
+    parties: usize,
+    arrived: Mutex<usize>,
+    all_here: Condvar,
+}
+
+impl Rendezvous {
+    pub(crate) fn new(parties: usize) -> Self {
+        Self {
+            parties,
+            arrived: Mutex::new(0),
+            all_here: Condvar::new(),
+        }
+    }
+
+    /// Waits until every party has arrived.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when they have not after [`PATIENCE`].
+    pub(crate) fn wait(&self) -> Result<()> {
+        let mut arrived = self.arrived.lock().unwrap_or_else(PoisonError::into_inner);
+        *arrived += 1;
+        self.all_here.notify_all();
+        while *arrived < self.parties {
+            let (next, timeout) = self
+                .all_here
+                .wait_timeout(arrived, PATIENCE)
+                .unwrap_or_else(PoisonError::into_inner);
+            arrived = next;
+            if timeout.timed_out() && *arrived < self.parties {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "{} of {} parties never arrived",
+                        self.parties - *arrived,
+                        self.parties
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -15,9 +15,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use crate::weights::{StoredTensor, WeightSource};
 use crate::{Error, ErrorKind, Result};
 
-/// Batches fetched at once: enough to keep a batch in flight while the consumer takes the
-/// last one, and each batch large enough to be coalesced into a few requests.
-const WORKERS: usize = 4;
+/// Batches fetched at once, each a sixteenth of the budget: with an object store's default
+/// budget (256 MiB) and request length (16 MiB), one request per batch and sixteen in flight,
+/// each batch handed over as soon as its one request is in, and a batch held back only as long
+/// as the consumer takes to use one. Fewer, larger batches would hold the budget for the
+/// slowest request of each.
+const WORKERS: usize = 16;
 
 /// Which tensors a consumer will ask for, and in which order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,8 +35,8 @@ pub enum PrefetchPlan {
 
 /// A [`WeightSource`] that reads ahead of its consumer.
 ///
-/// The tensors of the [`PrefetchPlan`] are fetched in order, in batches of a quarter of the
-/// budget (a tensor larger than that alone), at most four batches at once, and held until asked
+/// The tensors of the [`PrefetchPlan`] are fetched in order, in batches of a sixteenth of the
+/// budget (a tensor larger than that alone), at most sixteen batches at once, and held until asked
 /// for; fetched tensors not yet asked for and batches in flight together stay within the
 /// budget, except that one batch may always run. A tensor asked for while its batch is in
 /// flight waits for it; one whose batch has not started has that batch fetched at once on the

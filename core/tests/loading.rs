@@ -85,7 +85,8 @@ fn value(weights: &impl WeightSource, name: &str) -> Vec<u8> {
 
 #[test]
 fn a_consumer_asking_one_at_a_time_is_answered_from_a_few_batched_reads() {
-    let (reader, source) = remote(40, 1000, 16_000);
+    // Batches of a sixteenth of the budget: ten tensors each.
+    let (reader, source) = remote(40, 1000, 160_000);
     let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
     // Natural order: layers.2 before layers.10, as the plan fetches them.
     for i in 0..40 {

@@ -171,6 +171,18 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
             &throttled,
             || cp(&storage, "big.bpk", &local, "copied.bpk"),
         )?;
+        // The same copy to a file in memory (tmpfs), where the disk's writeback cannot be what
+        // the copy waits for: the network's side of it.
+        if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
+            let in_memory = LocalStorage::new(shm.path());
+            against_limit(
+                b,
+                format!("remote copy to a file on tmpfs, as weightbay cp ({setting})"),
+                bytes,
+                &throttled,
+                || cp(&storage, "big.bpk", &in_memory, "copied.bpk"),
+            )?;
+        }
     }
     Ok(())
 }

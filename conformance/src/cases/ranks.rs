@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use weightbay::{ErrorKind, Format, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region, StepState};
 
-use crate::gate::Gate;
+use crate::gate::{Gate, Rendezvous};
 use crate::ranked::SlicedModel;
 use crate::support::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
@@ -215,7 +215,8 @@ pub fn racing_committers_make_one_record<H: Harness>(harness: &H, case: &str) ->
     };
     let checkpoints = &ranked.checkpoints;
     save_ranks(checkpoints, 2, 0..2, case);
-    let both_done = Arc::new(Barrier::new(2));
+    // Bounded: a rank failing before the rendezvous fails the case instead of hanging it.
+    let both_done = Arc::new(Rendezvous::new(2));
     let racers: Vec<_> = (2..4u32)
         .map(|rank| {
             let checkpoints = checkpoints.clone();
@@ -224,10 +225,7 @@ pub fn racing_committers_make_one_record<H: Harness>(harness: &H, case: &str) ->
                 .rank_save(rank, WORLD, |t| {
                     Writer::new(t).with_format(Format::Safetensors)
                 })
-                .with_rendezvous(move || {
-                    both_done.wait();
-                    Ok(true)
-                });
+                .with_rendezvous(move || both_done.wait().map(|()| true));
             std::thread::spawn(move || checkpoints.save_rank(2, rank_save))
         })
         .collect();

@@ -5,8 +5,10 @@
 //! [`WeightbayStore`] is a burn-store `ModuleStore`, so `module.save_into(&mut store)` and
 //! `module.load_from(&mut store)` work as with burn's stores. Saving streams: every parameter
 //! is a deferred tensor, read back from its device only when the writer reaches it and dropped
-//! before the next, so a save holds about one tensor beyond the model. Loading reads each
-//! tensor when burn applies it.
+//! before the next, so a save holds about one tensor beyond the model. Loading reads ahead of
+//! burn as it applies the tensors ([`weightbay::Prefetched`], within 256 MiB or an object
+//! store's fetch budget), so the reads (round trips, copies out of the page cache) overlap
+//! burn's own work.
 //!
 //! ```
 //! use std::sync::Arc;

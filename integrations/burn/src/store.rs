@@ -13,6 +13,9 @@ use weightbay::{
 
 use crate::dtype::{to_burn_dtype, to_weightbay_dtype};
 
+/// Bytes a load reads ahead of burn at least (an object store's fetch budget when larger).
+const READ_AHEAD: u64 = 256 << 20;
+
 /// A burn-store `ModuleStore` over one key of any weightbay [`Storage`].
 ///
 /// Defaults follow burn's `BurnpackStore`: Burnpack, its default metadata (`format`,
@@ -126,8 +129,10 @@ impl WeightbayStore {
         if self.cache.is_none() {
             let reader = Reader::open_key(self.storage.as_ref(), &self.key)?;
             // burn asks for the tensors one at a time as it walks the module: read ahead of
-            // it where a read costs a round trip (an object store; a pass-through elsewhere).
-            let weights = Arc::new(Prefetched::new(reader, PrefetchPlan::All)?);
+            // it, so the reads (round trips to an object store, copies out of the page cache)
+            // overlap burn's own work.
+            let budget = reader.fetch_ahead().max(READ_AHEAD);
+            let weights = Arc::new(Prefetched::with_budget(reader, PrefetchPlan::All, budget)?);
             let tensors = weights
                 .inner()
                 .tensors()
@@ -235,16 +240,12 @@ impl ModuleStore for WeightbayStore {
 /// one was fetched ahead, else one batched read ([`Reader::load`]: aligned fresh memory from a
 /// file, a view of a map or of memory, the fetched buffer from an object store).
 fn resident(weights: &Prefetched<Reader>, name: &str) -> Result<burn_std::Bytes> {
-    let ahead = if weights.inner().fetch_ahead() > 0 {
-        // A tensor the prefetcher had not fetched comes back as a lazy region, which has read
-        // nothing yet: dropped for the batched read below.
-        weights
-            .stored_tensor(name)?
-            .map(|stored| stored.bytes)
-            .filter(|bytes| bytes.read(AccessPolicy::ZeroCopy).is_ok())
-    } else {
-        None
-    };
+    // A tensor the prefetcher had not fetched comes back as a lazy region, which has read
+    // nothing yet: dropped for the batched read below.
+    let ahead = weights
+        .stored_tensor(name)?
+        .map(|stored| stored.bytes)
+        .filter(|bytes| bytes.read(AccessPolicy::ZeroCopy).is_ok());
     let bytes = match ahead {
         Some(bytes) => bytes,
         None => weights

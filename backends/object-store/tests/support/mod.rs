@@ -79,6 +79,8 @@ pub(crate) struct ByUrl {
     run: String,
     next: AtomicUsize,
     limitations: &'static [(Case, &'static str)],
+    /// Keys one page of the server's listing holds.
+    listing_page_size: usize,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -121,7 +123,10 @@ impl ByUrl {
         let base = std::env::var("WEIGHTBAY_AZURE_URL")
             .ok()
             .filter(|_| std::env::var("AZURITE_BLOB_STORAGE_URL").is_ok());
-        Self::new(base, "no Azure server: WEIGHTBAY_AZURE_URL and AZURITE_BLOB_STORAGE_URL are unset (scripts/servers.sh start azure)".into(), server_parts(), None)
+        let mut azure = Self::new(base, "no Azure server: WEIGHTBAY_AZURE_URL and AZURITE_BLOB_STORAGE_URL are unset (scripts/servers.sh start azure)".into(), server_parts(), None);
+        // Azure lists up to 5,000 blobs a page, and object_store asks for no fewer.
+        azure.listing_page_size = 5000;
+        azure
     }
 
     fn new(
@@ -137,6 +142,7 @@ impl ByUrl {
             run: unique_run(),
             next: AtomicUsize::new(0),
             limitations: &[],
+            listing_page_size: 1000,
             _dir: dir,
         }
     }
@@ -157,9 +163,11 @@ impl ByUrl {
     }
 }
 
-/// Servers refuse parts under 5 MiB.
+/// Servers refuse parts under 5 MiB. Requests of 4 MiB, so the batched-read case's batch
+/// (above 6 MiB) is fetched in several pieces on the servers too.
 fn server_parts() -> ObjectStoreOptions {
     ObjectStoreOptions::DEFAULT
+        .with_fetch_request_len(Some(4 << 20))
         .with_part_size(weightbay_object_store::MIN_PART_SIZE)
         .with_parts_in_flight(4)
         .with_stale_after(SMALL_PARTS.stale_after)
@@ -217,6 +225,10 @@ impl Harness for ByUrl {
 
     fn server_limitations(&self) -> &[(Case, &'static str)] {
         self.limitations
+    }
+
+    fn listing_page_size(&self) -> usize {
+        self.listing_page_size
     }
 
     fn several_parts_len(&self) -> usize {
