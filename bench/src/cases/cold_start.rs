@@ -1,7 +1,8 @@
 //! Cold start from a store shaped like a cloud store (the remote cases' [`SlowStore`]: 20 ms
 //! to first byte, 100 MiB/s per connection, 16 connections): a Llama-shaped safetensors model
 //! built by candle-transformers' own `Llama::load` through weightbay-candle, once one tensor at
-//! a time (the path model code takes on its own) and once prefetched; and the same bytes
+//! a time (the path model code takes on its own) and once prefetched (with the `llama`
+//! feature: candle-transformers is too heavy a build for the test command); and the same bytes
 //! streamed into a reused staging pool, the shape a GPU upload takes.
 //!
 //! The limit each row is set against is computed, not run: what 16 connections carry and, for
@@ -13,12 +14,19 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "llama")]
 use candle_core::{DType as CandleDType, Device};
+#[cfg(feature = "llama")]
 use candle_nn::VarBuilder;
+#[cfg(feature = "llama")]
 use candle_transformers::models::llama::{Config, Llama};
-use weightbay::Tensor;
-use weightbay::{Bytes, DType, Format, PrefetchPlan, Prefetched, Reader, Result, StagingPool};
+use weightbay::{Bytes, DType, Format, Reader, Result, StagingPool, Tensor};
+#[cfg(feature = "llama")]
+use weightbay::{PrefetchPlan, Prefetched};
+#[cfg(feature = "llama")]
 use weightbay_candle::WeightbayBackend;
+#[cfg(feature = "llama")]
+use weightbay_object_store::ObjectStorage;
 use weightbay_object_store::ObjectStoreOptions;
 
 use crate::Bench;
@@ -36,63 +44,83 @@ const STAGING_BUFFERS: [usize; 2] = [16 << 20, 32 << 20];
 /// Layers of the model at 2 GiB; fewer for a smaller `--size-mib`.
 const LAYERS_AT_2_GIB: u64 = 22;
 
-/// A Llama-7B-shaped configuration scaled down to about `size_mib` MiB of F32 weights: 22
-/// layers of hidden size 1280 (9 tensors each) and a 32,000-token vocabulary, 201 tensors.
-fn llama_config(size_mib: u64) -> Config {
-    let layers = (LAYERS_AT_2_GIB * size_mib / 2048).max(1) as usize;
-    Config {
-        hidden_size: 1280,
-        intermediate_size: 3456,
-        vocab_size: 32_000,
-        num_hidden_layers: layers,
-        num_attention_heads: 10,
-        num_key_value_heads: 10,
-        use_flash_attn: false,
-        rms_norm_eps: 1e-6,
-        rope_theta: 10_000.0,
-        bos_token_id: None,
-        eos_token_id: None,
-        rope_scaling: None,
-        max_position_embeddings: 256,
-        tie_word_embeddings: false,
-    }
+/// A Llama-7B-shaped model scaled down to about `size_mib` MiB of F32 weights: 22 layers of
+/// hidden size 1280 (9 tensors each) and a 32,000-token vocabulary, 201 tensors at 2 GiB.
+#[derive(Debug, Clone, Copy)]
+struct LlamaShape {
+    hidden: usize,
+    intermediate: usize,
+    vocab: usize,
+    layers: usize,
 }
 
-/// The model's tensors as a Hugging Face Llama checkpoint names them, F32, each filled with
-/// one byte value and made when the writer reaches it.
-fn llama_tensors(config: &Config) -> Vec<Tensor> {
-    let (h, i, v) = (
-        config.hidden_size as u64,
-        config.intermediate_size as u64,
-        config.vocab_size as u64,
-    );
-    let mut shapes: Vec<(String, Vec<u64>)> = vec![
-        ("model.embed_tokens.weight".into(), vec![v, h]),
-        ("lm_head.weight".into(), vec![v, h]),
-        ("model.norm.weight".into(), vec![h]),
-    ];
-    for layer in 0..config.num_hidden_layers {
-        let at = |name: &str| format!("model.layers.{layer}.{name}.weight");
-        for projection in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-            shapes.push((at(&format!("self_attn.{projection}")), vec![h, h]));
+impl LlamaShape {
+    fn scaled_to(size_mib: u64) -> Self {
+        Self {
+            hidden: 1280,
+            intermediate: 3456,
+            vocab: 32_000,
+            layers: (LAYERS_AT_2_GIB * size_mib / 2048).max(1) as usize,
         }
-        shapes.push((at("mlp.gate_proj"), vec![i, h]));
-        shapes.push((at("mlp.up_proj"), vec![i, h]));
-        shapes.push((at("mlp.down_proj"), vec![h, i]));
-        shapes.push((at("input_layernorm"), vec![h]));
-        shapes.push((at("post_attention_layernorm"), vec![h]));
     }
-    shapes
-        .into_iter()
-        .enumerate()
-        .map(|(index, (name, shape))| {
-            let len = shape.iter().product::<u64>() * 4;
-            Tensor::deferred(name, DType::F32, shape, len, move || {
-                // Small values: bytes 0x01..0x3f repeated make finite floats.
-                Ok(Bytes::from(vec![(index % 63 + 1) as u8; len as usize]))
+
+    /// candle-transformers' configuration of this shape: 10 attention heads of 128.
+    #[cfg(feature = "llama")]
+    fn config(self) -> Config {
+        Config {
+            hidden_size: self.hidden,
+            intermediate_size: self.intermediate,
+            vocab_size: self.vocab,
+            num_hidden_layers: self.layers,
+            num_attention_heads: 10,
+            num_key_value_heads: 10,
+            use_flash_attn: false,
+            rms_norm_eps: 1e-6,
+            rope_theta: 10_000.0,
+            bos_token_id: None,
+            eos_token_id: None,
+            rope_scaling: None,
+            max_position_embeddings: 256,
+            tie_word_embeddings: false,
+        }
+    }
+
+    /// The model's tensors as a Hugging Face Llama checkpoint names them, F32, each filled
+    /// with one byte value and made when the writer reaches it.
+    fn tensors(self) -> Vec<Tensor> {
+        let (h, i, v) = (
+            self.hidden as u64,
+            self.intermediate as u64,
+            self.vocab as u64,
+        );
+        let mut shapes: Vec<(String, Vec<u64>)> = vec![
+            ("model.embed_tokens.weight".into(), vec![v, h]),
+            ("lm_head.weight".into(), vec![v, h]),
+            ("model.norm.weight".into(), vec![h]),
+        ];
+        for layer in 0..self.layers {
+            let at = |name: &str| format!("model.layers.{layer}.{name}.weight");
+            for projection in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+                shapes.push((at(&format!("self_attn.{projection}")), vec![h, h]));
+            }
+            shapes.push((at("mlp.gate_proj"), vec![i, h]));
+            shapes.push((at("mlp.up_proj"), vec![i, h]));
+            shapes.push((at("mlp.down_proj"), vec![h, i]));
+            shapes.push((at("input_layernorm"), vec![h]));
+            shapes.push((at("post_attention_layernorm"), vec![h]));
+        }
+        shapes
+            .into_iter()
+            .enumerate()
+            .map(|(index, (name, shape))| {
+                let len = shape.iter().product::<u64>() * 4;
+                Tensor::deferred(name, DType::F32, shape, len, move || {
+                    // Small values: bytes 0x01..0x3f repeated make finite floats.
+                    Ok(Bytes::from(vec![(index % 63 + 1) as u8; len as usize]))
+                })
             })
-        })
-        .collect()
+            .collect()
+    }
 }
 
 /// How fast this machine fills memory fresh from the allocator (every page faulted in and
@@ -147,8 +175,8 @@ fn against(
 }
 
 pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
-    let config = llama_config(b.args.size_mib);
-    let tensors = llama_tensors(&config);
+    let shape = LlamaShape::scaled_to(b.args.size_mib);
+    let tensors = shape.tensors();
     let count = tensors.len();
     let inner = crate::cases::remote::store_with_format(tensors, Format::Safetensors)?;
     let (storage, throttled) = throttled_storage(&inner, ObjectStoreOptions::DEFAULT)?;
@@ -163,7 +191,7 @@ pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
     let fill = fresh_fill_rate();
     println!(
         "  cold start: a {}-layer Llama, {count} tensors, {} MiB; {CONNECTIONS} connections carry {:.0} MiB/s, this machine fills fresh memory at {:.0} MiB/s on one thread",
-        config.num_hidden_layers,
+        shape.layers,
         bytes >> 20,
         connections / f64::from(1 << 20),
         fill / f64::from(1 << 20)
@@ -175,41 +203,22 @@ pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
     } else {
         "16 × 100 MiB/s connections"
     };
-    let build = |prefetch: bool| -> Result<()> {
-        let reader = Reader::open_key(storage.as_ref(), key)?;
-        let backend: Box<dyn candle_nn::var_builder::SimpleBackend> = if prefetch {
-            Box::new(WeightbayBackend::new(Prefetched::new(
-                reader,
-                PrefetchPlan::All,
-            )?))
-        } else {
-            Box::new(WeightbayBackend::new(reader))
-        };
-        let vb = VarBuilder::from_backend(backend, CandleDType::F32, Device::Cpu);
-        let model = Llama::load(vb, &config)
-            .map_err(|e| weightbay::Error::new(weightbay::ErrorKind::Io, e.to_string()))?;
-        black_box(model);
-        Ok(())
-    };
-    if b.args.wants("cold start: llama one tensor at a time") {
-        against(
+    if b.args.wants("cold start: llama") {
+        #[cfg(feature = "llama")]
+        llama_rows(
             b,
-            "cold start: llama one tensor at a time via weightbay-candle",
-            bytes,
+            shape,
+            (storage.as_ref(), key, bytes),
             &throttled,
             (model_limit_name, model_limit),
-            || build(false),
         )?;
-    }
-    if b.args.wants("cold start: llama prefetched") {
-        against(
-            b,
-            "cold start: llama prefetched via weightbay-candle",
-            bytes,
-            &throttled,
-            (model_limit_name, model_limit),
-            || build(true),
-        )?;
+        #[cfg(not(feature = "llama"))]
+        {
+            let _ = (model_limit_name, model_limit);
+            println!(
+                "  cold start: llama rows skipped: built without the `llama` feature (cargo run --release -p weightbay-bench --features llama -- --only \"cold start\")"
+            );
+        }
     }
     if b.args.wants("cold start: staging pool") {
         for buffer in STAGING_BUFFERS {
@@ -237,6 +246,56 @@ pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
                 },
             )?;
         }
+    }
+    Ok(())
+}
+
+/// The model built by candle-transformers' `Llama::load` through weightbay-candle, one tensor
+/// at a time and prefetched.
+#[cfg(feature = "llama")]
+fn llama_rows(
+    b: &mut Bench<'_>,
+    shape: LlamaShape,
+    (storage, key, bytes): (&ObjectStorage, &str, u64),
+    throttled: &SlowStore,
+    limit: (&str, Duration),
+) -> Result<()> {
+    let config = shape.config();
+    let build = |prefetch: bool| -> Result<()> {
+        let reader = Reader::open_key(storage, key)?;
+        let backend: Box<dyn candle_nn::var_builder::SimpleBackend> = if prefetch {
+            Box::new(WeightbayBackend::new(Prefetched::new(
+                reader,
+                PrefetchPlan::All,
+            )?))
+        } else {
+            Box::new(WeightbayBackend::new(reader))
+        };
+        let vb = VarBuilder::from_backend(backend, CandleDType::F32, Device::Cpu);
+        let model = Llama::load(vb, &config)
+            .map_err(|e| weightbay::Error::new(weightbay::ErrorKind::Io, e.to_string()))?;
+        black_box(model);
+        Ok(())
+    };
+    if b.args.wants("cold start: llama one tensor at a time") {
+        against(
+            b,
+            "cold start: llama one tensor at a time via weightbay-candle",
+            bytes,
+            throttled,
+            limit,
+            || build(false),
+        )?;
+    }
+    if b.args.wants("cold start: llama prefetched") {
+        against(
+            b,
+            "cold start: llama prefetched via weightbay-candle",
+            bytes,
+            throttled,
+            limit,
+            || build(true),
+        )?;
     }
     Ok(())
 }
