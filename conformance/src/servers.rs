@@ -80,6 +80,21 @@ impl FaultProxy {
         Some(Self { control, port })
     }
 
+    /// A proxy in front of the local S3 server (`AWS_ENDPOINT`) injecting `faults`, with the
+    /// server's URL ([`s3_url`]); give the client the proxy's [`url`](Self::url) as its
+    /// endpoint. `None` after saying why the test skips, as [`s3_url`] and [`start`](Self::start).
+    ///
+    /// # Panics
+    /// As [`s3_url`] and [`start`](Self::start), and when `WEIGHTBAY_S3_URL` is set but
+    /// `AWS_ENDPOINT` is not.
+    pub fn in_front_of_s3(faults: &str) -> Option<(String, Self)> {
+        let url = s3_url()?;
+        let Ok(endpoint) = std::env::var("AWS_ENDPOINT") else {
+            panic!("WEIGHTBAY_S3_URL is set but AWS_ENDPOINT is not");
+        };
+        Some((url, Self::start(&endpoint, faults)?))
+    }
+
     /// The URL to give the client instead of the server's.
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

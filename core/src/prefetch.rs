@@ -363,6 +363,7 @@ pub(crate) fn natural_order(a: &str, b: &str) -> Ordering {
                 if x != y {
                     return x.cmp(y);
                 }
+                // Both are non-empty: each has a first byte.
                 (a, b) = (&a[1..], &b[1..]);
             }
         }

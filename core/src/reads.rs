@@ -118,6 +118,7 @@ fn read_windows<S: Source + ?Sized>(
     let workers = in_flight.clamp(1, windows.len().max(1));
     if workers == 1 {
         let mut buffer = vec![0; window.min(range.end - range.start) as usize];
+        // Every window is at most `window` long and lies inside `range`: within the buffer.
         for piece in &windows {
             let chunk = &mut buffer[..(piece.end - piece.start) as usize];
             source.read_at(piece.start, chunk)?;
@@ -136,6 +137,7 @@ fn read_windows<S: Source + ?Sized>(
             give_back.push(back);
             let (filled, windows) = (filled.clone(), &windows);
             scope.spawn(move || {
+                // Every window is at most `window` long, so each slice below is in the buffer.
                 let mut buffer = vec![0; window as usize];
                 for (index, piece) in windows.iter().enumerate().skip(worker).step_by(workers) {
                     let len = (piece.end - piece.start) as usize;

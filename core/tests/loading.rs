@@ -136,22 +136,30 @@ fn tensors_out_of_plan_order_or_outside_it_are_read_on_demand_and_right() {
 
 #[test]
 fn what_is_fetched_ahead_stays_within_the_budget() {
-    // Nothing is asked for: the workers stop once the budget is reserved.
+    // Nothing is asked for, so the workers fill the budget (ten tensors of 1,000 bytes) and
+    // wait. Once they have, the prefetcher is dropped and its workers end; when the last one
+    // has let go of the source, every fetch there will be has been counted.
     let (reader, source) = remote(50, 1000, 10_000);
     let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
-    // Until the workers have fetched, then a while longer for any that would overrun.
-    let start = std::time::Instant::now();
-    while source.fetched.load(Ordering::SeqCst) == 0 && start.elapsed().as_secs() < 10 {
+    wait_for(
+        || source.fetched.load(Ordering::SeqCst) >= 10_000,
+        "the budget to fill",
+    );
+    drop(prefetched);
+    wait_for(|| Arc::strong_count(&source) == 1, "the workers to end");
+    let ahead = source.fetched.load(Ordering::SeqCst);
+    assert_eq!(ahead, 10_000, "bytes fetched ahead of a 10,000-byte budget");
+}
+
+/// Spins until `done`, failing the test if it never happens.
+fn wait_for(done: impl Fn() -> bool, what: &str) {
+    for _ in 0..100_000_000u64 {
+        if done() {
+            return;
+        }
         std::thread::yield_now();
     }
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    let ahead = source.fetched.load(Ordering::SeqCst);
-    assert!(
-        ahead <= 10_000,
-        "{ahead} bytes fetched ahead of a 10,000-byte budget"
-    );
-    assert!(ahead > 0, "nothing was fetched ahead");
-    drop(prefetched);
+    panic!("gave up waiting for {what}");
 }
 
 #[test]

@@ -166,13 +166,8 @@ struct Deep {
 #[test]
 fn a_module_from_s3_loads_in_a_few_requests_not_one_per_tensor() {
     const LAYERS: usize = 12;
-    let Some(url) = weightbay_conformance::s3_url() else {
-        return;
-    };
-    let Ok(endpoint) = std::env::var("AWS_ENDPOINT") else {
-        panic!("WEIGHTBAY_S3_URL is set but AWS_ENDPOINT is not");
-    };
-    let Some(proxy) = weightbay_conformance::FaultProxy::start(&endpoint, r#"{"latency_ms": 20}"#)
+    let Some((url, proxy)) =
+        weightbay_conformance::FaultProxy::in_front_of_s3(r#"{"latency_ms": 20}"#)
     else {
         return;
     };
