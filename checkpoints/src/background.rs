@@ -40,7 +40,7 @@ impl Checkpoints {
             match (&*outcome, result) {
                 (Outcome::Abandoned, Err(e)) => checkpoints.saves.lock().unobserved.push(e),
                 (Outcome::Abandoned, Ok(_)) => {}
-                (_, result) => *outcome = Outcome::Done(result),
+                (_, result) => *outcome = Outcome::Done(Box::new(result)),
             }
             drop(outcome);
             checkpoints.saves.end();
@@ -91,7 +91,8 @@ pub struct SaveHandle {
 #[derive(Debug)]
 enum Outcome {
     Running,
-    Done(Result<CommitRecord>),
+    /// Boxed: a commit record is large, and the outcome waits in a mutex.
+    Done(Box<Result<CommitRecord>>),
     /// The handle was dropped first: a failure goes to the next save instead.
     Abandoned,
 }
@@ -121,7 +122,7 @@ impl SaveHandle {
     fn take(&self) -> Result<CommitRecord> {
         let mut outcome = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
         match std::mem::replace(&mut *outcome, Outcome::Abandoned) {
-            Outcome::Done(result) => result,
+            Outcome::Done(result) => *result,
             // The worker stores its result before it ends; reaching here means it panicked.
             _ => Err(Error::new(
                 ErrorKind::Io,
@@ -157,8 +158,12 @@ impl Drop for SaveHandle {
         }
         let mut outcome = self.outcome.lock().unwrap_or_else(PoisonError::into_inner);
         match std::mem::replace(&mut *outcome, Outcome::Abandoned) {
-            Outcome::Done(Err(e)) => self.saves.lock().unobserved.push(e),
-            Outcome::Running | Outcome::Done(Ok(_)) | Outcome::Abandoned => {}
+            Outcome::Done(result) => {
+                if let Err(e) = *result {
+                    self.saves.lock().unobserved.push(e);
+                }
+            }
+            Outcome::Running | Outcome::Abandoned => {}
         }
     }
 }

@@ -11,12 +11,16 @@ use weightbay::{
 };
 
 use crate::assembled::AssembledWeights;
+use crate::layout;
 use crate::record::CommitRecord;
+use crate::spliced::Spliced;
 
 /// A complete checkpoint: its commit record, and its containers to load.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
     pub(crate) storage: Arc<dyn Storage>,
+    /// The run's prefix, which the keys of pieces are relative to.
+    pub(crate) prefix: String,
     pub(crate) dir: String,
     pub(crate) record: CommitRecord,
 }
@@ -57,12 +61,32 @@ impl Checkpoint {
         format!("{}/{relative}", self.dir)
     }
 
+    /// Bytes this checkpoint's own save stored (for an incremental save, only what changed).
+    pub fn written_bytes(&self) -> u64 {
+        self.record.containers.iter().map(|c| c.len).sum()
+    }
+
+    /// Bytes of earlier checkpoints' containers this checkpoint refers to instead of storing
+    /// them (0 unless it was saved incrementally).
+    pub fn referenced_bytes(&self) -> u64 {
+        self.record.references().values().sum()
+    }
+
     /// The checkpoint's one container, opened (for a sharded set, use
-    /// [`weights`](Self::weights)).
+    /// [`weights`](Self::weights)). An incremental checkpoint reads exactly like a full one:
+    /// its pieces are read from the containers that hold them, a batched read asking each
+    /// container once.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for a sharded set; as [`Reader::open_key`].
+    /// [`ErrorKind::InvalidInput`] for a sharded set; [`ErrorKind::Corrupt`] naming the tensor
+    /// and the key when an incremental checkpoint refers to a container that is gone; as
+    /// [`Reader::open_key`].
     pub fn reader(&self) -> Result<Reader> {
+        if let Some(pieces) = &self.record.pieces {
+            let spliced = Spliced::open(self.storage.as_ref(), &self.prefix, pieces)
+                .map_err(|e| e.with_key(&self.dir))?;
+            return Reader::open(Arc::new(spliced)).map_err(|e| e.with_key(&self.dir));
+        }
         match (&self.record.index, self.record.containers.as_slice()) {
             (None, [only]) if self.record.world_size.is_none() => {
                 Reader::open_key(self.storage.as_ref(), &self.key(&only.key))
@@ -113,10 +137,13 @@ impl Checkpoint {
     }
 
     /// Reads every container in full and compares its length and CRC32C with the commit
-    /// record's, so a single flipped bit in any container, of either format, is caught.
+    /// record's, so a single flipped bit in any container, of either format, is caught. An
+    /// incremental checkpoint's references are followed: every piece it refers to in an
+    /// earlier checkpoint's container is read and checked against its recorded CRC32C.
     ///
     /// # Errors
-    /// [`ErrorKind::Corrupt`] naming the first container that differs; the storage's errors.
+    /// [`ErrorKind::Corrupt`] naming the first container that differs, or the tensor and key of
+    /// a piece that is gone or differs; the storage's errors.
     pub fn verify(&self) -> Result<CheckpointReport> {
         let mut bytes = 0;
         for container in &self.record.containers {
@@ -127,8 +154,44 @@ impl Checkpoint {
             container.check_crc(crc, &key)?;
             bytes += container.len;
         }
+        let references = self.record.references();
+        for relative in references.keys() {
+            let key = layout::under(&self.prefix, relative);
+            let source = self.storage.open(&key).map_err(|e| {
+                let e = e.with_key(&key);
+                if e.kind() == ErrorKind::NotFound {
+                    Error::new(
+                        ErrorKind::Corrupt,
+                        "a container this checkpoint refers to is gone",
+                    )
+                    .with_key(&key)
+                    .with_source(e)
+                } else {
+                    e
+                }
+            })?;
+            let pieces = self.record.pieces.iter().flat_map(|p| &p.list);
+            for piece in pieces.filter(|p| p.key == *relative) {
+                let range = piece.offset..piece.offset.saturating_add(piece.len);
+                let crc = read_in_order(source.as_ref(), range, |_| Ok(()))
+                    .map_err(|e| e.with_key(&key))?;
+                if crc != piece.crc32c {
+                    let tensor = piece.tensor.as_deref().unwrap_or("the header");
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "the piece of `{tensor}` at {} holds CRC32C {crc:08x}, the commit \
+                             record says {:08x}",
+                            piece.offset, piece.crc32c
+                        ),
+                    )
+                    .with_key(&key));
+                }
+                bytes += piece.len;
+            }
+        }
         Ok(CheckpointReport {
-            containers: self.record.containers.len(),
+            containers: self.record.containers.len() + references.len(),
             bytes,
         })
     }

@@ -3,12 +3,14 @@
 //! this one holds what they share: where a step lives and how its record is read.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use weightbay::{Error, ErrorKind, Result, Storage};
 
 use crate::in_flight::Saves;
+use crate::incremental::DEFAULT_REFERENCE_LEASE;
 use crate::layout;
-use crate::record::{CommitRecord, RECORD_VERSION, read_json};
+use crate::record::{CommitRecord, PIECES_RECORD_VERSION, RECORD_VERSION, read_json};
 
 /// The checkpoints under one prefix of a storage. Cheap to clone; clones share the one save
 /// that may be in flight.
@@ -17,6 +19,8 @@ pub struct Checkpoints {
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) prefix: String,
     pub(crate) saves: Arc<Saves>,
+    /// How long gc keeps what a save announced it may refer to.
+    pub(crate) lease: Duration,
 }
 
 impl Checkpoints {
@@ -33,7 +37,19 @@ impl Checkpoints {
             storage,
             prefix: prefix.into().trim_matches('/').to_owned(),
             saves: Arc::default(),
+            lease: DEFAULT_REFERENCE_LEASE,
         }
+    }
+
+    /// How long [`gc`](Self::gc) and [`retain`](Self::retain) keep the containers an
+    /// incremental save announced it may refer to ([`DEFAULT_REFERENCE_LEASE`] unless set). A
+    /// save must commit within five sixths of it after announcing, and a gc pass stops
+    /// deleting once it has run a sixth of it; clocks of the machines sharing the prefix must
+    /// agree to within a sixth of it too.
+    #[must_use]
+    pub fn with_reference_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
     }
 
     /// The storage the checkpoints live in.
@@ -54,11 +70,13 @@ impl Checkpoints {
     pub(crate) fn read_record(&self, step: u64) -> Result<CommitRecord> {
         let key = layout::record_key(&self.step_dir(step));
         let record: CommitRecord = read_json(self.storage.as_ref(), &key, "commit record")?;
-        if record.weightbay_checkpoint != RECORD_VERSION || record.step != step {
+        let known = [RECORD_VERSION, PIECES_RECORD_VERSION];
+        if !known.contains(&record.weightbay_checkpoint) || record.step != step {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
-                    "commit record of version {} for step {}, expected version {RECORD_VERSION} for step {step}",
+                    "commit record of version {} for step {}, expected version {RECORD_VERSION} \
+                     or {PIECES_RECORD_VERSION} for step {step}",
                     record.weightbay_checkpoint, record.step
                 ),
             )

@@ -3,19 +3,22 @@
 
 use weightbay::backend_kit::{read_in_order, unique_token};
 use weightbay::{
-    CreateOptions, Durability, Error, ErrorKind, Result, Storage, StorageExt, WriteMode,
+    CreateOptions, Durability, Error, ErrorKind, Result, Source, Storage, StorageExt, WriteMode,
 };
 
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
 use crate::layout;
-use crate::record::{CommitRecord, ContainerRecord, encode};
+use crate::record::{CommitRecord, ContainerRecord, PieceRecord, Pieces, encode};
+use crate::spliced::Spliced;
 
 impl Checkpoints {
     /// Copies `checkpoint` (from any storage) here under the same step, byte for byte: every
     /// container streams across with its CRC32C compared to the record's on the way, then the
-    /// same commit record is written last with create-new. A copy that fails or finds a
-    /// container changed removes what it wrote and commits nothing.
+    /// same commit record is written last with create-new. An incremental checkpoint arrives
+    /// self-contained: its container is written whole (read from every checkpoint it refers
+    /// to), keeping its pieces' hashes, so the copy starts a chain of its own here. A copy
+    /// that fails or finds a container changed removes what it wrote and commits nothing.
     ///
     /// # Errors
     /// [`ErrorKind::AlreadyExists`] when the step is committed here already;
@@ -55,6 +58,9 @@ impl Checkpoints {
             Some((_, rest)) => format!("{save}/{rest}"),
             None => format!("{save}/{key}"),
         };
+        if let Some(pieces) = &checkpoint.record.pieces {
+            return self.copy_materialized(checkpoint, pieces, dir, &save, durability);
+        }
         let mut record = checkpoint.record.clone();
         record.index = record.index.as_deref().map(moved);
         for slice in record.tensors.values_mut().flat_map(|t| &mut t.slices) {
@@ -70,7 +76,13 @@ impl Checkpoints {
                 to.key = moved(&from.key);
                 let key = format!("{dir}/{}", to.key);
                 written.push(key.clone());
-                copy_checked(checkpoint, from, self.storage.as_ref(), &key, durability)
+                let from_key = checkpoint.key(&from.key);
+                let source = checkpoint
+                    .storage
+                    .open(&from_key)
+                    .map_err(|e| e.with_key(&from_key))?;
+                let from_source = (source.as_ref(), from_key.as_str());
+                copy_checked(from_source, from, self.storage.as_ref(), &key, durability)
             });
         let committed = copied
             .and_then(|()| encode(&record))
@@ -85,21 +97,70 @@ impl Checkpoints {
     }
 }
 
-/// Streams `container` of `checkpoint` to `key` of `storage`, comparing length and CRC32C
-/// with the record before committing.
+impl Checkpoints {
+    /// Writes the container `pieces` make up whole, at `dir/save/<name>`, then a record whose
+    /// pieces all lie in it.
+    fn copy_materialized(
+        &self,
+        checkpoint: &Checkpoint,
+        pieces: &Pieces,
+        dir: &str,
+        save: &str,
+        durability: Durability,
+    ) -> Result<CommitRecord> {
+        let key = format!("{dir}/{save}/{}", pieces.name);
+        let whole = ContainerRecord {
+            key: format!("{save}/{}", pieces.name),
+            len: pieces.len,
+            crc32c: pieces.crc32c,
+        };
+        let source = Spliced::open(checkpoint.storage.as_ref(), &checkpoint.prefix, pieces)?;
+        let from = (&source as &dyn Source, checkpoint.dir());
+        let copied = copy_checked(from, &whole, self.storage.as_ref(), &key, durability);
+        let stored = layout::relative(&self.prefix, &key).to_owned();
+        let mut at = 0;
+        let list = pieces
+            .list
+            .iter()
+            .map(|piece| {
+                let moved = PieceRecord {
+                    key: stored.clone(),
+                    offset: at,
+                    ..piece.clone()
+                };
+                at += piece.len;
+                moved
+            })
+            .collect();
+        let mut record = checkpoint.record.clone();
+        record.containers = vec![whole];
+        record.pieces = Some(Pieces {
+            increment: 0,
+            list,
+            ..pieces.clone()
+        });
+        let record_key = layout::record_key(dir);
+        let committed = copied
+            .and_then(|()| encode(&record))
+            .and_then(|body| self.storage.write_new(&record_key, &body, durability));
+        if let Err(e) = committed {
+            let _ = self.storage.delete(&key);
+            return Err(e);
+        }
+        Ok(record)
+    }
+}
+
+/// Streams `source` (`from` names it in errors), whose bytes `container` records, to `key` of
+/// `storage`, comparing length and CRC32C with the record before committing.
 fn copy_checked(
-    checkpoint: &Checkpoint,
+    (source, from): (&dyn Source, &str),
     container: &ContainerRecord,
     storage: &dyn Storage,
     key: &str,
     durability: Durability,
 ) -> Result<()> {
-    let from = checkpoint.key(&container.key);
-    let source = checkpoint
-        .storage
-        .open(&from)
-        .map_err(|e| e.with_key(&from))?;
-    container.check_len(source.len(), &from)?;
+    container.check_len(source.len(), from)?;
     let options = CreateOptions::default()
         .with_mode(WriteMode::Overwrite)
         .with_durability(durability)
@@ -107,11 +168,9 @@ fn copy_checked(
     let mut sink = storage
         .create(key, &options)
         .map_err(|e| e.with_operation("create").with_key(key))?;
-    let crc = read_in_order(source.as_ref(), 0..source.len(), |window| {
-        sink.write(window)
-    })
-    .map_err(|e| e.with_key(key))?;
-    container.check_crc(crc, &from)?;
+    let crc = read_in_order(source, 0..source.len(), |window| sink.write(window))
+        .map_err(|e| e.with_key(key))?;
+    container.check_crc(crc, from)?;
     sink.commit()
         .map_err(|e| e.with_operation("commit").with_key(key))
 }

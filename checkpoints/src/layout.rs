@@ -8,7 +8,12 @@
 //! <prefix>/step-<n>/ranks/rank-<rank>-of-<world>.json    a rank's manifest
 //! <prefix>/step-<n>/ranks/committer                      the commit intent
 //! <prefix>/step-<n>/ranks/rank-<rank>-of-<world>.failed.json   why a rank failed
+//! <prefix>/refs/step-<n>-<save>.json                     what an incremental save refers to
 //! ```
+
+/// The directory under the run's prefix where saves announce the containers they will refer
+/// to (`refs/step-<n>-<save>.json`).
+pub(crate) const ANNOUNCEMENTS_DIR: &str = "refs";
 
 /// The commit record's name inside a step's directory.
 pub const COMMIT_RECORD: &str = "commit.json";
@@ -20,11 +25,48 @@ pub(crate) const COMMIT_INTENT: &str = "committer";
 
 /// The directory of `step` under `prefix` (empty for the storage's top level).
 pub(crate) fn step_dir(prefix: &str, step: u64) -> String {
+    under(prefix, &format!("step-{step}"))
+}
+
+/// `prefix/<rest>`, or `rest` for the storage's top level.
+pub(crate) fn under(prefix: &str, rest: &str) -> String {
     if prefix.is_empty() {
-        format!("step-{step}")
+        rest.to_owned()
     } else {
-        format!("{prefix}/step-{step}")
+        format!("{prefix}/{rest}")
     }
+}
+
+/// `key` relative to `prefix` (as pieces name the containers they lie in); `key` itself when
+/// it is not under it.
+pub(crate) fn relative<'k>(prefix: &str, key: &'k str) -> &'k str {
+    if prefix.is_empty() {
+        return key;
+    }
+    key.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(key)
+}
+
+/// The directory of announcements under `prefix`.
+pub(crate) fn announcements_dir(prefix: &str) -> String {
+    under(prefix, ANNOUNCEMENTS_DIR)
+}
+
+/// The key of the announcement of save `token` of `step`.
+pub(crate) fn announcement_key(prefix: &str, step: u64, token: &str) -> String {
+    format!("{}/step-{step}-{token}.json", announcements_dir(prefix))
+}
+
+/// The step and save token an announcement's key under `prefix` names, if it is one.
+pub(crate) fn parse_announcement_key(prefix: &str, key: &str) -> Option<(u64, String)> {
+    let name = key
+        .strip_prefix(&announcements_dir(prefix))?
+        .strip_prefix("/step-")?
+        .strip_suffix(".json")?;
+    let (step, token) = name.split_once('-')?;
+    let step: u64 = step.parse().ok()?;
+    (announcement_key(prefix, step, token) == key).then(|| (step, token.to_owned()))
 }
 
 /// The key of the commit record in step directory `dir`.
@@ -101,6 +143,27 @@ mod tests {
             "run/step-70/ranks/rank-00003-of-00012.json",
         ] {
             assert_eq!(parse_manifest_key("run/step-7", other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn announcement_keys_parse_back() {
+        let key = announcement_key("run", 12, "77-3-ab");
+        assert_eq!(key, "run/refs/step-12-77-3-ab.json");
+        assert_eq!(
+            parse_announcement_key("run", &key),
+            Some((12, "77-3-ab".into()))
+        );
+        assert_eq!(
+            parse_announcement_key("", "refs/step-1-x.json"),
+            Some((1, "x".into()))
+        );
+        for other in [
+            "run/refs/step-012-x.json",
+            "run/refs/x.json",
+            "runs/refs/step-1-x.json",
+        ] {
+            assert_eq!(parse_announcement_key("run", other), None, "{other}");
         }
     }
 

@@ -64,8 +64,10 @@ mod assembled;
 mod background;
 mod checkpoint;
 mod checkpoints;
+mod content;
 mod copy;
 mod in_flight;
+mod incremental;
 mod layout;
 mod listing;
 mod merge;
@@ -75,17 +77,20 @@ mod recording;
 mod region;
 mod retention;
 mod save;
+mod spliced;
 
 pub use assembled::AssembledWeights;
 pub use background::SaveHandle;
 pub use checkpoint::{Checkpoint, CheckpointReport};
 pub use checkpoints::Checkpoints;
+pub use content::DEFAULT_CHUNK_LEN;
+pub use incremental::{DEFAULT_REFERENCE_LEASE, Incremental};
 pub use layout::{COMMIT_RECORD, RANKS_DIR};
 pub use listing::{RankProgress, StepState, StepStatus};
 pub use ranks::{FAILURE_RECORD_TIMEOUT, RankOutcome, RankSave, Rendezvous};
 pub use record::{
-    CommitRecord, ContainerRecord, LogicalTensor, RankFailure, RankManifest, RankTensor, Region,
-    SliceRecord,
+    CommitRecord, ContainerRecord, LogicalTensor, PieceRecord, Pieces, RankFailure, RankManifest,
+    RankTensor, Region, SliceRecord,
 };
 pub use retention::{GcReport, Retention};
 pub use save::SaveOptions;

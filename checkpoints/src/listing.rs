@@ -120,11 +120,12 @@ impl Checkpoints {
     /// # Errors
     /// The storage's errors ([`ErrorKind::Unsupported`] where it cannot list).
     pub fn list(&self) -> Result<Vec<StepStatus>> {
-        Ok(self
-            .listing()?
-            .into_iter()
-            .map(|(step, stored)| {
-                let mut status = self.status(step, &stored);
+        let listing = self.listing()?;
+        let lengths = lengths(&listing);
+        Ok(listing
+            .iter()
+            .map(|(&step, stored)| {
+                let mut status = self.status(step, stored, &lengths);
                 if let Some((progress, failures)) = &mut status.ranks {
                     progress.failed = failures
                         .iter()
@@ -167,12 +168,12 @@ impl Checkpoints {
     /// The state of `step`, whose directory holds `stored`: its commit record is read, if it
     /// has one, and the containers it names are looked up in `stored`; failure records are
     /// named, not read.
-    fn status(&self, step: u64, stored: &[Listed]) -> Status {
+    fn status(&self, step: u64, stored: &[Listed], lengths: &BTreeMap<&str, u64>) -> Status {
         let record_key = layout::record_key(&self.step_dir(step));
         let (record, state) = if stored.iter().any(|l| l.key == record_key) {
             match self.read_record(step) {
                 Ok(record) => {
-                    let state = check_present(&self.step_dir(step), &record, stored);
+                    let state = check_present(&self.prefix, &record, lengths);
                     (Some(record), state)
                 }
                 Err(e) => (None, StepState::Damaged(e.to_string())),
@@ -211,11 +212,14 @@ impl Checkpoints {
     pub fn latest(&self) -> Result<Option<Checkpoint>> {
         // Newest first, reading commit records only until one is complete: one listing and,
         // usually, one read, however many checkpoints there are.
-        for (step, stored) in self.listing()?.into_iter().rev() {
-            let status = self.status(step, &stored);
+        let listing = self.listing()?;
+        let lengths = lengths(&listing);
+        for (&step, stored) in listing.iter().rev() {
+            let status = self.status(step, stored, &lengths);
             if let (StepState::Complete, Some(record)) = (status.state, status.record) {
                 return Ok(Some(Checkpoint {
                     storage: Arc::clone(&self.storage),
+                    prefix: self.prefix.clone(),
                     dir: self.step_dir(step),
                     record,
                 }));
@@ -232,21 +236,39 @@ impl Checkpoints {
     pub fn open(&self, step: u64) -> Result<Checkpoint> {
         let record = self.read_record(step)?;
         let dir = self.step_dir(step);
-        let stored = self.storage.list(&dir)?;
-        if let StepState::Damaged(why) = check_present(&dir, &record, &stored) {
+        // An incremental checkpoint's references lie in other steps' directories.
+        let listed = if record.references().is_empty() {
+            &dir
+        } else {
+            &self.prefix
+        };
+        let stored = self.storage.list(listed)?;
+        let lengths = stored.iter().map(|l| (l.key.as_str(), l.len)).collect();
+        if let StepState::Damaged(why) = check_present(&self.prefix, &record, &lengths) {
             return Err(Error::new(ErrorKind::Corrupt, why).with_key(&dir));
         }
         Ok(Checkpoint {
             storage: Arc::clone(&self.storage),
+            prefix: self.prefix.clone(),
             dir,
             record,
         })
     }
 }
 
-/// Whether every container `record` names is among `stored` with its recorded length.
-fn check_present(dir: &str, record: &CommitRecord, stored: &[Listed]) -> StepState {
-    let lengths: BTreeMap<&str, u64> = stored.iter().map(|l| (l.key.as_str(), l.len)).collect();
+/// The length of every key listed, by key.
+fn lengths(listing: &BTreeMap<u64, Vec<Listed>>) -> BTreeMap<&str, u64> {
+    listing
+        .values()
+        .flatten()
+        .map(|l| (l.key.as_str(), l.len))
+        .collect()
+}
+
+/// Whether every container `record` names is listed in `lengths` with its recorded length,
+/// and every container its pieces lie in is listed and long enough to hold them.
+fn check_present(prefix: &str, record: &CommitRecord, lengths: &BTreeMap<&str, u64>) -> StepState {
+    let dir = layout::step_dir(prefix, record.step);
     for container in &record.containers {
         let key = format!("{dir}/{}", container.key);
         match lengths.get(key.as_str()) {
@@ -258,6 +280,27 @@ fn check_present(dir: &str, record: &CommitRecord, stored: &[Listed]) -> StepSta
                 ));
             }
             None => return StepState::Damaged(format!("{key} is missing")),
+        }
+    }
+    for piece in record.pieces.iter().flat_map(|p| &p.list) {
+        let key = layout::under(prefix, &piece.key);
+        let end = piece.offset.saturating_add(piece.len);
+        let what = piece
+            .tensor
+            .as_deref()
+            .map_or_else(|| "the header".to_owned(), |t| format!("tensor `{t}`"));
+        match lengths.get(key.as_str()) {
+            Some(&len) if len >= end => {}
+            Some(&len) => {
+                return StepState::Damaged(format!(
+                    "{key} holds {len} bytes, a piece of {what} needs {end}"
+                ));
+            }
+            None => {
+                return StepState::Damaged(format!(
+                    "{key}, which holds a piece of {what}, is missing"
+                ));
+            }
         }
     }
     StepState::Complete

@@ -94,6 +94,7 @@ pub(crate) fn merge(
         containers,
         world_size: Some(world_size),
         tensors,
+        pieces: None,
     })
 }
 

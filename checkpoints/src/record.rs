@@ -9,8 +9,14 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use weightbay::{Error, ErrorKind, Result, Storage};
 
-/// The version of the commit record's layout this code writes and reads.
+/// The version of the commit record's layout this code writes for a checkpoint without
+/// [`Pieces`], and reads.
 pub(crate) const RECORD_VERSION: u32 = 1;
+/// The version of the commit record's layout this code writes for a checkpoint with
+/// [`Pieces`] (an incremental save, or a full one that records content hashes), and reads.
+pub(crate) const PIECES_RECORD_VERSION: u32 = 2;
+/// The version of a save's announcement of the containers it will refer to.
+pub(crate) const ANNOUNCEMENT_VERSION: u32 = 1;
 /// The version of the rank manifest's layout this code writes and reads.
 pub(crate) const MANIFEST_VERSION: u32 = 1;
 /// The version of the rank failure record's layout this code writes and reads.
@@ -45,6 +51,81 @@ pub struct CommitRecord {
     /// tile it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tensors: BTreeMap<String, LogicalTensor>,
+    /// For a save with [`SaveOptions::incremental`](crate::SaveOptions::incremental) (record
+    /// version 2): the checkpoint's one container as a reader sees it, piece by piece, each
+    /// piece stored in this save's containers or in an earlier checkpoint's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pieces: Option<Pieces>,
+}
+
+impl CommitRecord {
+    /// The keys, relative to the run's prefix, of the stored containers of other steps this
+    /// checkpoint refers to, each with the bytes it refers to there.
+    pub fn references(&self) -> BTreeMap<String, u64> {
+        let own = format!("step-{}/", self.step);
+        let mut references = BTreeMap::new();
+        for piece in self.pieces.iter().flat_map(|p| &p.list) {
+            if !piece.key.starts_with(&own) {
+                *references.entry(piece.key.clone()).or_default() += piece.len;
+            }
+        }
+        references
+    }
+}
+
+/// A container recorded piece by piece: the header, then each tensor in chunks of at most
+/// [`chunk_len`](Self::chunk_len) bytes (the last chunk of a tensor running on over the zero
+/// padding to the next tensor), then the trailer. The container's bytes are the pieces' bytes
+/// in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Pieces {
+    /// The name the container is read under (`model.bpk`, `model.safetensors`).
+    pub name: String,
+    /// The container's length: the sum of the pieces' lengths.
+    pub len: u64,
+    /// The CRC32C of the container's bytes.
+    pub crc32c: u32,
+    /// The longest chunk a tensor was cut into.
+    pub chunk_len: u64,
+    /// Saves since the last one that wrote every piece (0 for that one).
+    pub increment: u32,
+    /// The pieces, in the container's order.
+    pub list: Vec<PieceRecord>,
+}
+
+/// One piece of a [`Pieces`] container and where its bytes are stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PieceRecord {
+    /// Its length in bytes.
+    pub len: u64,
+    /// The stored container holding it, key relative to the run's prefix
+    /// (`step-200/<save>/delta.bin`).
+    pub key: String,
+    /// Where in that container it starts.
+    pub offset: u64,
+    /// The CRC32C of its bytes.
+    pub crc32c: u32,
+    /// Its content identity: the XXH3-128 hash of its bytes, 32 hex digits.
+    pub xxh3: String,
+    /// The tensor it is a chunk of; none for the header and the trailer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<String>,
+}
+
+/// What a save about to refer to earlier checkpoints' containers announces first, so a gc
+/// running meanwhile keeps them (see [`Checkpoints::gc`](crate::Checkpoints::gc)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Announcement {
+    /// The layout version of this announcement (1).
+    pub weightbay_announcement: u32,
+    /// The step being saved.
+    pub step: u64,
+    /// When it was written, in milliseconds since the Unix epoch, by the saver's clock.
+    pub time_unix_ms: u64,
+    /// The containers the save may refer to, keys relative to the run's prefix.
+    pub keys: Vec<String>,
 }
 
 /// One container of a checkpoint, as its save wrote it.

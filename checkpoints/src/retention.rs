@@ -1,14 +1,16 @@
 //! Thinning out and cleaning up: retention deletes the checkpoints a policy does not keep
 //! (commit record first, so a half-deleted one is never complete), and gc removes what dead
-//! saves left behind.
+//! saves left behind; neither deletes a container a kept checkpoint, or a save in progress,
+//! refers to.
 
 use std::collections::BTreeSet;
 
-use weightbay::{ErrorKind, PendingWrite, Result, Storage};
+use weightbay::{Error, ErrorKind, PendingWrite, Result, Storage};
 
 use crate::checkpoints::Checkpoints;
 use crate::layout;
-use crate::listing::StepState;
+use crate::listing::{StepState, StepStatus};
+use crate::record::{ANNOUNCEMENT_VERSION, Announcement, CommitRecord, now_unix_ms, read_json};
 
 /// Which checkpoints [`Checkpoints::retain`] keeps. The newest complete checkpoint is always
 /// kept, whatever the policy.
@@ -42,7 +44,8 @@ impl Retention {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GcReport {
-    /// Keys of containers no commit record names.
+    /// Keys of containers no commit record names or refers to, and of announcements past
+    /// their lease.
     pub orphans: Vec<String>,
     /// Unfinished writes under the prefix whose writers are gone (scratch files, staged
     /// objects, multipart uploads and their journals): the storage's own cleanup
@@ -50,10 +53,19 @@ pub struct GcReport {
     pub pending: Vec<PendingWrite>,
 }
 
+/// What no deletion may touch now: every container a commit record names or its pieces lie
+/// in, and every container a save in progress announced; with the announcements that protect
+/// nothing any more (their save committed, or their lease ran out).
+struct Protected {
+    keys: BTreeSet<String>,
+    spent: Vec<String>,
+}
+
 impl Checkpoints {
     /// Deletes the committed checkpoints `policy` does not keep ([`retention_plan`]), and
     /// returns their steps. Each goes commit record first, so a checkpoint half deleted is
-    /// never complete; then its containers.
+    /// never complete; then the containers of theirs no kept checkpoint refers to (those stay
+    /// until none does, when [`gc`](Self::gc) removes them).
     ///
     /// [`retention_plan`]: Self::retention_plan
     ///
@@ -61,9 +73,7 @@ impl Checkpoints {
     /// The storage's errors; what was deleted before stays deleted.
     pub fn retain(&self, policy: &Retention) -> Result<Vec<u64>> {
         let doomed = self.retention_plan(policy)?;
-        for &step in &doomed {
-            self.delete_step(step)?;
-        }
+        self.delete_steps(&doomed)?;
         Ok(doomed)
     }
 
@@ -96,33 +106,81 @@ impl Checkpoints {
     }
 
     /// Deletes the checkpoint of `step`: its commit record first, then everything under its
-    /// directory.
+    /// directory that no other checkpoint refers to.
     ///
     /// # Errors
     /// The storage's errors.
     pub fn delete_step(&self, step: u64) -> Result<()> {
-        let dir = self.step_dir(step);
-        match self.storage.delete(&layout::record_key(&dir)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        self.delete_steps(&[step])
+    }
+
+    /// Deletes the commit records of `steps`, then what of their directories nothing refers
+    /// to.
+    fn delete_steps(&self, steps: &[u64]) -> Result<()> {
+        if steps.is_empty() {
+            return Ok(());
         }
-        for listed in self.storage.list(&dir)? {
-            delete_if_present(self.storage.as_ref(), &listed.key)?;
+        // The records go first; what they said stays known, so the announcements of their
+        // saves are seen as spent.
+        let mut deleted = Vec::with_capacity(steps.len());
+        for &step in steps {
+            if let Ok(record) = self.read_record(step) {
+                deleted.push(record);
+            }
+            delete_if_present(
+                self.storage.as_ref(),
+                &layout::record_key(&self.step_dir(step)),
+            )?;
+        }
+        let statuses = self.list()?;
+        let protected = self.protected(&statuses, &deleted)?;
+        for &step in steps {
+            for listed in self.storage.list(&self.step_dir(step))? {
+                if !protected.keys.contains(&listed.key) {
+                    delete_if_present(self.storage.as_ref(), &listed.key)?;
+                }
+            }
         }
         Ok(())
     }
 
-    /// Removes what dead saves left: containers no commit record names, in steps up to the
-    /// newest complete checkpoint (a save of a newer step may still be running elsewhere, so
-    /// those are left until a newer checkpoint completes), except the save this value has in
-    /// flight; then the unfinished writes under the prefix whose writers are gone
-    /// ([`Storage::clean_pending`], where the storage has them): a killed process's scratch
-    /// files, staged objects and multipart uploads, which the store would otherwise keep (and
-    /// bill) until a lifecycle rule removes them.
+    /// Removes what dead saves left: containers no commit record names or refers to, in steps
+    /// up to the newest complete checkpoint (a save of a newer step may still be running
+    /// elsewhere, so those are left until a newer checkpoint completes), except the save this
+    /// value has in flight, and announcements past their lease; then the unfinished writes
+    /// under the prefix whose writers are gone ([`Storage::clean_pending`], where the storage
+    /// has them): a killed process's scratch files, staged objects and multipart uploads,
+    /// which the store would otherwise keep (and bill) until a lifecycle rule removes them.
+    ///
+    /// # References and saves racing gc
+    ///
+    /// An incremental save refers to containers of earlier checkpoints; gc (and
+    /// [`retain`](Self::retain)) never deletes a container a commit record names or refers
+    /// to, nor one a save in progress will refer to. The protocol, safe against any number of
+    /// savers in any processes, any of them killed at any step, while one gc or retention pass
+    /// at a time runs on the prefix:
+    /// 1. A save first writes an announcement naming every container it may refer to
+    ///    (`refs/step-<n>-<save>.json`), then reads its base's commit record again, and refers
+    ///    to the base only if the record is still there. It commits within five sixths of the
+    ///    lease ([`with_reference_lease`](Self::with_reference_lease)) after announcing, or
+    ///    fails with nothing committed.
+    /// 2. A pass lists the checkpoints and reads their records, *then* lists the
+    ///    announcements, *then* lists the records again and reads the ones that are new. It
+    ///    keeps every container a record it read names or refers to, and every container an
+    ///    announcement names, unless the announcement's save committed before the pass began
+    ///    (its record protects what it needs) or the announcement is older than the lease;
+    ///    those announcements it removes.
+    ///
+    /// A save whose announcement the pass did not list announced after the pass's first
+    /// reading, so it read its base's record after that; the record was then there in the
+    /// pass's second reading (only a pass deletes records), so the pass kept what it refers
+    /// to. A save whose announcement the pass listed is kept by it; if the announcement was
+    /// past its lease, the save had committed before the listing and its record is in the
+    /// second reading.
     ///
     /// # Errors
-    /// The storage's errors.
+    /// [`ErrorKind::Corrupt`] naming an announcement of an unknown version (it may protect
+    /// anything, so nothing is removed); the storage's errors.
     pub fn gc(&self) -> Result<GcReport> {
         let orphans = self.orphans()?;
         for key in &orphans {
@@ -154,9 +212,92 @@ impl Checkpoints {
         Ok(GcReport { orphans, pending })
     }
 
-    /// The containers [`gc`](Self::gc) would remove.
+    /// What references protect, read in the order the protocol on [`gc`](Self::gc) needs:
+    /// `statuses` (the first reading of the records), then the announcements, then the
+    /// records that are new since `statuses`. `deleted` are records this pass deleted: they
+    /// protect nothing, but their saves' announcements are spent.
+    fn protected(&self, statuses: &[StepStatus], deleted: &[CommitRecord]) -> Result<Protected> {
+        let records: Vec<&CommitRecord> =
+            statuses.iter().filter_map(|s| s.record.as_ref()).collect();
+        let mut keys = BTreeSet::new();
+        for record in &records {
+            self.protect(record, &mut keys);
+        }
+        let now = now_unix_ms();
+        let lease = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        let mut spent = Vec::new();
+        let dir = layout::announcements_dir(&self.prefix);
+        for listed in self.storage.list(&dir)? {
+            let read: Result<Announcement> =
+                read_json(self.storage.as_ref(), &listed.key, "announcement");
+            let announcement = match read {
+                Ok(a) if a.weightbay_announcement == ANNOUNCEMENT_VERSION => a,
+                // Spent and removed by another pass meanwhile.
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Ok(a) => {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!("an announcement of version {}", a.weightbay_announcement),
+                    )
+                    .with_key(&listed.key));
+                }
+                Err(e) => return Err(e),
+            };
+            // The save committed if its step's record names a container of its directory.
+            let committed = layout::parse_announcement_key(&self.prefix, &listed.key).is_some_and(
+                |(step, token)| {
+                    let own = format!("{token}/");
+                    records
+                        .iter()
+                        .copied()
+                        .chain(deleted)
+                        .filter(|r| r.step == step)
+                        .any(|r| r.containers.iter().any(|c| c.key.starts_with(&own)))
+                },
+            );
+            if committed || now.saturating_sub(announcement.time_unix_ms) >= lease {
+                spent.push(listed.key);
+            } else {
+                keys.extend(
+                    announcement
+                        .keys
+                        .iter()
+                        .map(|k| layout::under(&self.prefix, k)),
+                );
+            }
+        }
+        let read: BTreeSet<u64> = records.iter().map(|r| r.step).collect();
+        for (step, stored) in self.listing()? {
+            let record_key = layout::record_key(&self.step_dir(step));
+            if read.contains(&step) || !stored.iter().any(|l| l.key == record_key) {
+                continue;
+            }
+            match self.read_record(step) {
+                Ok(record) => self.protect(&record, &mut keys),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Protected { keys, spent })
+    }
+
+    /// Adds every container `record` names or its pieces lie in to `keys`.
+    fn protect(&self, record: &CommitRecord, keys: &mut BTreeSet<String>) {
+        let dir = self.step_dir(record.step);
+        keys.extend(record.containers.iter().map(|c| format!("{dir}/{}", c.key)));
+        keys.extend(
+            record
+                .pieces
+                .iter()
+                .flat_map(|p| &p.list)
+                .map(|piece| layout::under(&self.prefix, &piece.key)),
+        );
+    }
+
+    /// The containers and announcements [`gc`](Self::gc) would remove.
     fn orphans(&self) -> Result<Vec<String>> {
         let statuses = self.list()?;
+        let protected = self.protected(&statuses, &[])?;
         let newest_complete = statuses
             .iter()
             .rev()
@@ -198,11 +339,13 @@ impl Checkpoints {
                 let saving = writing
                     .iter()
                     .any(|save_dir| listed.key.starts_with(&format!("{save_dir}/")));
-                if !named.contains(&listed.key) && !saving {
+                let kept = named.contains(&listed.key) || protected.keys.contains(&listed.key);
+                if !kept && !saving {
                     orphans.push(listed.key);
                 }
             }
         }
+        orphans.extend(protected.spent);
         Ok(orphans)
     }
 }

@@ -7,12 +7,16 @@ use std::time::{Duration, Instant};
 
 use weightbay::backend_kit::unique_token;
 use weightbay::{
-    CreateOptions, Error, ErrorKind, Result, ShardedWriter, StorageExt, WriteMode, Writer,
+    CreateOptions, Error, ErrorKind, Result, ShardedWriter, Storage, StorageExt, WriteMode, Writer,
 };
 
 use crate::checkpoints::Checkpoints;
+use crate::incremental::{Base, DeltaSink, Incremental, combined_crc, plan};
 use crate::layout;
-use crate::record::{CommitRecord, ContainerRecord, RECORD_VERSION, encode, now_unix_ms};
+use crate::record::{
+    CommitRecord, ContainerRecord, PIECES_RECORD_VERSION, Pieces, RECORD_VERSION, encode,
+    now_unix_ms,
+};
 use crate::recording::Recording;
 
 /// How a checkpoint is saved, beyond what its [`Writer`] says (format, durability, trailer).
@@ -28,6 +32,9 @@ pub struct SaveOptions {
     /// request in flight is cut, nothing is committed, and the save fails with
     /// [`ErrorKind::TimedOut`] naming the key (and the part, on an object store).
     pub timeout: Option<Duration>,
+    /// Write only the pieces an earlier checkpoint does not hold (see
+    /// [`incremental`](Self::incremental)).
+    pub incremental: Option<Incremental>,
 }
 
 impl SaveOptions {
@@ -38,6 +45,87 @@ impl SaveOptions {
             shard_len: Some(shard_len),
             ..Self::default()
         }
+    }
+
+    /// An incremental save: the container is cut into pieces (the header, each tensor in
+    /// chunks of at most 1 MiB, the trailer), each hashed (XXH3-128) before it is sent, and a
+    /// piece the newest complete checkpoint already holds is not written: the commit record
+    /// refers to that checkpoint's bytes. Every reader reads the result like a full save. The
+    /// first such save, and any whose base has no pieces, writes everything and records the
+    /// hashes a chain starts from.
+    ///
+    /// ```
+    /// use weightbay_checkpoints::{Checkpoints, SaveOptions};
+    /// use weightbay::{MemoryStorage, Tensor, Writer};
+    ///
+    /// let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    /// let frozen = Tensor::from_slice("base", [1 << 18], &vec![1.0f32; 1 << 18]);
+    /// for step in [1, 2] {
+    ///     let adapter = Tensor::from_slice("adapter", [4], &[step as f32; 4]);
+    ///     let writer = Writer::new(vec![frozen.clone(), adapter]);
+    ///     checkpoints.save_with(step, writer, SaveOptions::incremental())?;
+    /// }
+    /// let latest = checkpoints.latest()?.expect("saved");
+    /// assert!(latest.written_bytes() < 4096); // the 1 MiB base was not written again
+    /// assert_eq!(latest.reader()?.read_as::<f32>("adapter")?, [2.0; 4]);
+    /// # Ok::<(), weightbay::Error>(())
+    /// ```
+    #[must_use]
+    pub fn incremental() -> Self {
+        Self {
+            incremental: Some(Incremental::default()),
+            ..Self::default()
+        }
+    }
+
+    /// The incremental settings, made incremental first if it was not.
+    fn incremental_mut(&mut self) -> &mut Incremental {
+        self.incremental.get_or_insert_with(Incremental::default)
+    }
+
+    /// An incremental save against checkpoint `step` instead of the newest.
+    #[must_use]
+    pub fn with_base(mut self, step: u64) -> Self {
+        self.incremental_mut().base = Some(step);
+        self
+    }
+
+    /// An incremental save cutting tensors into pieces of at most `chunk_len` bytes.
+    #[must_use]
+    pub fn with_chunk_len(mut self, chunk_len: u64) -> Self {
+        self.incremental_mut().chunk_len = chunk_len.max(1);
+        self
+    }
+
+    /// An incremental save that writes every piece once its base is `increments` saves from
+    /// the last full one, so a chain never grows past it.
+    #[must_use]
+    pub fn rebase_after(mut self, increments: u32) -> Self {
+        self.incremental_mut().rebase_after = Some(increments);
+        self
+    }
+
+    /// An incremental save told that `names` have not changed since the base (frozen weights):
+    /// their pieces are referred to without hashing their bytes. A name the base does not
+    /// hold, or holds cut otherwise, is hashed as usual.
+    #[must_use]
+    pub fn with_unchanged<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.incremental_mut()
+            .unchanged
+            .extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// Hashes the tensors declared [unchanged](Self::with_unchanged) all the same and fails
+    /// the save ([`ErrorKind::InvalidInput`] naming the tensor) if one differs from the base.
+    #[must_use]
+    pub fn check_unchanged(mut self) -> Self {
+        self.incremental_mut().check_unchanged = true;
+        self
     }
 
     /// Sets [`timeout`](Self::timeout).
@@ -116,30 +204,45 @@ impl Checkpoints {
             Some(deadline) => writer.with_deadline(deadline),
             None => writer,
         };
-        let written = match options.shard_len {
-            None => {
+        let written = match (&options.incremental, options.shard_len) {
+            (Some(_), Some(_)) => Err(Error::invalid(
+                "an incremental save writes one container: it cannot be sharded too",
+            )),
+            (Some(incremental), None) => self
+                .write_pieces(step, save_dir, writer, incremental, &recording, deadline)
+                .map(|(base, pieces)| (None, base, Some(pieces))),
+            (None, None) => {
                 let key = format!("{save_dir}/model.{}", format.extension());
                 writer
                     .with_mode(WriteMode::Overwrite)
                     .write_to(&recording, &key)
-                    .map(|_| None)
+                    .map(|_| (None, None, None))
             }
-            Some(shard_len) => ShardedWriter::new(writer)
+            (None, Some(shard_len)) => ShardedWriter::new(writer)
                 .with_shard_len(shard_len)
                 .write_to(&recording, save_dir)
-                .map(|summary| Some(summary.index)),
+                .map(|summary| (Some(summary.index), None, None)),
         };
-        let index = match written {
-            Ok(index) => index,
+        let written = written.and_then(|(index, base, pieces)| {
+            self.check_lease(base.as_ref())?;
+            Ok((index, pieces))
+        });
+        let (index, pieces) = match written {
+            Ok(written) => written,
             Err(e) => {
                 recording.remove_all();
+                self.withdraw(step, save_dir);
                 return Err(e);
             }
         };
         let step_dir = self.step_dir(step);
         let relative = |key: &str| key.strip_prefix(&format!("{step_dir}/")).map(str::to_owned);
         let record = CommitRecord {
-            weightbay_checkpoint: RECORD_VERSION,
+            weightbay_checkpoint: if pieces.is_some() {
+                PIECES_RECORD_VERSION
+            } else {
+                RECORD_VERSION
+            },
             step,
             time_unix_ms: now_unix_ms(),
             format: format.to_string(),
@@ -158,6 +261,7 @@ impl Checkpoints {
                 .collect(),
             world_size: None,
             tensors: BTreeMap::new(),
+            pieces,
         };
         let body = encode(&record)?;
         let mut options = CreateOptions::default().with_durability(durability);
@@ -167,6 +271,7 @@ impl Checkpoints {
             Err(e) => {
                 if e.kind() == ErrorKind::AlreadyExists {
                     recording.remove_all();
+                    self.withdraw(step, save_dir);
                 }
                 // Otherwise the record may have been written all the same (a request whose
                 // answer was lost), naming these containers: they stay, and `gc` removes
@@ -174,5 +279,60 @@ impl Checkpoints {
                 Err(e)
             }
         }
+    }
+
+    /// Streams `writer`'s container through a [`DeltaSink`]: only the pieces the announced
+    /// base does not hold are stored (in `delta.bin`, or the whole container as
+    /// `model.<format>` when there is no base). Returns the base and the pieces.
+    fn write_pieces(
+        &self,
+        step: u64,
+        save_dir: &str,
+        writer: Writer,
+        incremental: &Incremental,
+        recording: &Recording,
+        deadline: Option<Instant>,
+    ) -> Result<(Option<Base>, Pieces)> {
+        let token = save_dir.rsplit('/').next().unwrap_or(save_dir);
+        let base = self.announce_base(step, token, incremental)?;
+        let base_pieces = base.as_ref().and_then(|b| b.record.pieces.as_ref());
+        let name = format!("model.{}", writer.format().extension());
+        let (len, cuts, decisions) = plan(&writer, base_pieces, incremental)?;
+        let key = match base_pieces {
+            Some(_) => format!("{save_dir}/delta.bin"),
+            None => format!("{save_dir}/{name}"),
+        };
+        let mut create = CreateOptions::default()
+            .with_mode(WriteMode::Overwrite)
+            .with_durability(writer.durability());
+        if base_pieces.is_none() {
+            create = create.with_expected_len(len);
+        }
+        create.deadline = deadline;
+        let inner = recording
+            .create(&key, &create)
+            .map_err(|e| e.with_operation("create").with_key(&key))?;
+        let names = writer
+            .tensors()
+            .iter()
+            .map(|t| t.name().to_owned())
+            .collect();
+        let stored_key = layout::relative(&self.prefix, &key).to_owned();
+        let mut sink = DeltaSink::new(inner, stored_key, (cuts, decisions), names, base_pieces);
+        writer
+            .write_to_sink(&mut sink)
+            .map_err(|e| e.with_operation("write").with_key(&key))?;
+        let list = sink.pieces()?.to_vec();
+        sink.commit()
+            .map_err(|e| e.with_operation("commit").with_key(&key))?;
+        let pieces = Pieces {
+            name,
+            len,
+            crc32c: combined_crc(&list),
+            chunk_len: incremental.chunk_len,
+            increment: base_pieces.map_or(0, |b| b.increment + 1),
+            list,
+        };
+        Ok((base, pieces))
     }
 }

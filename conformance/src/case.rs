@@ -38,6 +38,7 @@ macro_rules! with_cases {
             checkpoints::retention_keeps_what_it_says => RetentionKeepsWhatItSays,
             checkpoints::racing_saves_commit_once => RacingSavesCommitOnce,
             checkpoints::interleaved_saves_commit_once => InterleavedSavesCommitOnce,
+            incremental::incremental_chains_survive_faults_and_gc => IncrementalChainsSurviveFaultsAndGc,
             ranks::ranks_commit_when_the_last_finishes => RanksCommitWhenTheLastFinishes,
             ranks::rank_impostors_are_refused => RankImpostorsAreRefused,
             ranks::rank_restarts_after_commit_change_nothing => RankRestartsAfterCommitChangeNothing,

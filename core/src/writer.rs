@@ -2,6 +2,7 @@
 //! padding, each tensor and the trailer through a [`Sink`] in bounded chunks.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -217,6 +218,26 @@ impl Writer {
     /// As for planning: duplicate names, lengths that do not match dtype × shape, limits.
     pub fn size(&self) -> Result<u64> {
         Ok(self.plan()?.total_len())
+    }
+
+    /// Where each tensor's bytes will lie in the container, in writer order, computed without
+    /// producing any tensor: what a caller that splits a container into pieces (content-hashed
+    /// chunks, say) needs before the bytes move. The bytes between these ranges are the
+    /// header, zero padding and, with a trailer, the trailer.
+    ///
+    /// # Errors
+    /// As [`size`](Self::size).
+    pub fn tensor_ranges(&self) -> Result<Vec<Range<u64>>> {
+        let plan = self.plan()?;
+        Ok(self
+            .tensors
+            .iter()
+            .zip(&plan.starts)
+            .map(|(tensor, &start)| {
+                let start = plan.data_start + start;
+                start..start + tensor.byte_len()
+            })
+            .collect())
     }
 
     /// Writes the container into the start of `buf` and returns its length.

@@ -5,6 +5,7 @@
 pub mod checkpoints;
 pub mod crash;
 pub mod faults;
+pub mod incremental;
 pub mod memory;
 pub mod ranks;
 pub mod reads;

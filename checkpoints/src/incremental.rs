@@ -1,0 +1,401 @@
+//! Incremental saves: the container a full save would write, cut into pieces
+//! ([`content::cut`]), each piece hashed before it is sent; a piece whose hash an earlier
+//! checkpoint already holds is not written, and the commit record refers to that checkpoint's
+//! bytes instead. Before it refers to anything, the save announces what it may refer to, so
+//! a gc running meanwhile keeps it (the protocol is on [`Checkpoints::gc`]).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use weightbay::checksum::{crc32c, crc32c_append, crc32c_combine};
+use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Sink, StorageExt, Writer};
+
+use crate::checkpoints::Checkpoints;
+use crate::content::{Cut, DEFAULT_CHUNK_LEN, cut, hash_all, hash_padded, hex};
+use crate::layout;
+use crate::record::{
+    ANNOUNCEMENT_VERSION, Announcement, CommitRecord, PieceRecord, Pieces, encode, now_unix_ms,
+};
+
+/// How long gc keeps what a save announced it may refer to, unless told otherwise
+/// ([`Checkpoints::with_reference_lease`]). A save must commit within five sixths of it.
+pub const DEFAULT_REFERENCE_LEASE: Duration = Duration::from_secs(3600);
+
+/// What an incremental save compares against, and how it cuts tensors.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Incremental {
+    /// The checkpoint whose pieces may be referred to; `None`: the newest complete one.
+    pub base: Option<u64>,
+    /// The longest piece a tensor is cut into.
+    pub chunk_len: u64,
+    /// Write every piece (a full save that a chain starts from again) once the base is this
+    /// many increments from its own full save.
+    pub rebase_after: Option<u32>,
+    /// Tensors the caller knows are unchanged since the base (frozen weights): their pieces
+    /// are referred to by name, without hashing their bytes.
+    pub unchanged: BTreeSet<String>,
+    /// Hash the tensors declared unchanged all the same, and fail the save if one differs.
+    pub check_unchanged: bool,
+}
+
+impl Default for Incremental {
+    fn default() -> Self {
+        Self {
+            base: None,
+            chunk_len: DEFAULT_CHUNK_LEN,
+            rebase_after: None,
+            unchanged: BTreeSet::new(),
+            check_unchanged: false,
+        }
+    }
+}
+
+/// What a piece of the new container will be.
+#[derive(Debug, Clone)]
+pub(crate) enum Decision {
+    /// The base holds it: refer to its bytes.
+    Reuse(PieceRecord),
+    /// Changed: write it; its hash is known.
+    Write(u128),
+    /// Not hashed ahead (the header, the trailer, a deferred tensor's chunk): hashed as it
+    /// streams, then written or referred to.
+    Decide,
+}
+
+/// A base checkpoint and the save's announcement that it will refer to it.
+pub(crate) struct Base {
+    pub(crate) record: CommitRecord,
+    /// When the announcement was written, by this process's clock.
+    announced: Instant,
+}
+
+impl Checkpoints {
+    /// The checkpoint an incremental save of `step` refers to, announced first and read again
+    /// after: `None` (a full save) when there is none with pieces, when the chain is
+    /// `rebase_after` long, or when the base went away meanwhile.
+    pub(crate) fn announce_base(
+        &self,
+        step: u64,
+        save_token: &str,
+        options: &Incremental,
+    ) -> Result<Option<Base>> {
+        let found = match options.base {
+            Some(base) => Some(self.open(base)?),
+            None => self.latest()?,
+        };
+        let Some(found) = found else { return Ok(None) };
+        let Some(pieces) = &found.record.pieces else {
+            return Ok(None);
+        };
+        if options
+            .rebase_after
+            .is_some_and(|after| pieces.increment >= after)
+        {
+            return Ok(None);
+        }
+        let keys: BTreeSet<String> = pieces.list.iter().map(|p| p.key.clone()).collect();
+        let announcement = Announcement {
+            weightbay_announcement: ANNOUNCEMENT_VERSION,
+            step,
+            time_unix_ms: now_unix_ms(),
+            keys: keys.into_iter().collect(),
+        };
+        let announced = Instant::now();
+        let key = layout::announcement_key(&self.prefix, step, save_token);
+        self.storage
+            .write_new(
+                &key,
+                &encode(&announcement)?,
+                weightbay::Durability::Default,
+            )
+            .map_err(|e| e.with_key(&key))?;
+        // Read after announcing: a gc that could not see the announcement saw this record, and
+        // kept what it refers to (the protocol on `gc`).
+        match self.read_record(found.step()) {
+            Ok(record) if record == found.record => Ok(Some(Base { record, announced })),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the announcement of the save into `save_dir`, if it made one, best effort:
+    /// for a save that failed with nothing committed, so its base need not wait out the lease.
+    pub(crate) fn withdraw(&self, step: u64, save_dir: &str) {
+        let token = save_dir.rsplit('/').next().unwrap_or(save_dir);
+        let _ = self
+            .storage
+            .delete(&layout::announcement_key(&self.prefix, step, token));
+    }
+
+    /// Fails unless the base's announcement is young enough for every gc to honour it still.
+    pub(crate) fn check_lease(&self, base: Option<&Base>) -> Result<()> {
+        let Some(base) = base else { return Ok(()) };
+        let limit = self.lease - self.lease / 6;
+        if base.announced.elapsed() < limit {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "the save took longer than {limit:?} after announcing the containers it refers \
+                 to, so gc may have removed them: nothing was committed"
+            ),
+        ))
+    }
+}
+
+/// The pieces of `writer`'s container and what each will be, given `base`.
+pub(crate) fn plan(
+    writer: &Writer,
+    base: Option<&Pieces>,
+    options: &Incremental,
+) -> Result<(u64, Vec<Cut>, Vec<Decision>)> {
+    let len = writer.size()?;
+    let cuts = cut(len, &writer.tensor_ranges()?, options.chunk_len);
+    let tensors = writer.tensors();
+    let by_hash: HashMap<&str, &PieceRecord> = base
+        .iter()
+        .flat_map(|b| &b.list)
+        .map(|p| (p.xxh3.as_str(), p))
+        .collect();
+    let mut by_name: BTreeMap<&str, Vec<&PieceRecord>> = BTreeMap::new();
+    for piece in base.iter().flat_map(|b| &b.list) {
+        if let Some(name) = &piece.tensor {
+            by_name.entry(name).or_default().push(piece);
+        }
+    }
+    let mut decisions = vec![Decision::Decide; cuts.len()];
+    // A tensor declared unchanged takes the base's pieces of that name, when they are cut the
+    // same way.
+    let mut claimed = vec![false; cuts.len()];
+    for (index, tensor) in tensors.iter().enumerate() {
+        if !options.unchanged.contains(tensor.name()) {
+            continue;
+        }
+        let mine: Vec<usize> = (0..cuts.len())
+            .filter(|&i| cuts[i].tensor.as_ref().is_some_and(|(t, _)| *t == index))
+            .collect();
+        let theirs = by_name.get(tensor.name()).map_or(&[][..], Vec::as_slice);
+        let same_cut = mine.len() == theirs.len()
+            && mine
+                .iter()
+                .zip(theirs)
+                .all(|(&i, p)| p.len == cuts[i].range.end - cuts[i].range.start);
+        if same_cut {
+            for (&i, piece) in mine.iter().zip(theirs) {
+                decisions[i] = Decision::Reuse((*piece).clone());
+                claimed[i] = true;
+            }
+        }
+    }
+    // Every other chunk of a tensor whose bytes lie in memory is hashed now, on every core.
+    let resident: Vec<Option<Bytes>> = tensors
+        .iter()
+        .map(|t| {
+            if t.is_deferred() {
+                return None;
+            }
+            let bytes = t.bytes().ok()?;
+            bytes.read(AccessPolicy::ZeroCopy).is_ok().then_some(bytes)
+        })
+        .collect();
+    let mut jobs: Vec<(usize, &[u8], u64)> = Vec::new();
+    for (i, piece) in cuts.iter().enumerate() {
+        let Some((tensor, own)) = &piece.tensor else {
+            continue;
+        };
+        if claimed[i] && !options.check_unchanged {
+            continue;
+        }
+        let Some(bytes) = &resident[*tensor] else {
+            continue;
+        };
+        let memory = bytes.read(AccessPolicy::ZeroCopy)?;
+        let data = &memory[own.start as usize..own.end as usize];
+        let padding = (piece.range.end - piece.range.start) - (own.end - own.start);
+        jobs.push((i, data, padding));
+    }
+    let hashes = hash_all(&jobs.iter().map(|&(_, d, p)| (d, p)).collect::<Vec<_>>());
+    for (&(i, _, _), hash) in jobs.iter().zip(hashes) {
+        let text = hex(hash);
+        if claimed[i] {
+            if let Decision::Reuse(piece) = &decisions[i]
+                && piece.xxh3 != text
+            {
+                let name = piece.tensor.as_deref().unwrap_or_default();
+                return Err(Error::invalid(format!(
+                    "tensor `{name}` was declared unchanged, but its bytes differ from the base's"
+                ))
+                .with_tensor(name));
+            }
+            continue;
+        }
+        let len = cuts[i].range.end - cuts[i].range.start;
+        decisions[i] = match by_hash.get(text.as_str()) {
+            Some(piece) if piece.len == len => Decision::Reuse((*piece).clone()),
+            _ => Decision::Write(hash),
+        };
+    }
+    Ok((len, cuts, decisions))
+}
+
+/// A sink that takes the whole container a writer streams and stores only the pieces the
+/// base does not hold, noting every piece for the commit record.
+pub(crate) struct DeltaSink<'a> {
+    inner: Box<dyn Sink>,
+    /// The stored container's key relative to the run's prefix, as pieces refer to it.
+    stored_key: String,
+    cuts: Vec<Cut>,
+    decisions: Vec<Decision>,
+    names: Vec<String>,
+    base: HashMap<&'a str, &'a PieceRecord>,
+    next: usize,
+    position: u64,
+    written: u64,
+    /// The piece being decided, as it streams.
+    buffer: Vec<u8>,
+    /// The CRC32C of the piece being written.
+    crc: u32,
+    pieces: Vec<PieceRecord>,
+}
+
+impl<'a> DeltaSink<'a> {
+    pub(crate) fn new(
+        inner: Box<dyn Sink>,
+        stored_key: String,
+        (cuts, decisions): (Vec<Cut>, Vec<Decision>),
+        names: Vec<String>,
+        base: Option<&'a Pieces>,
+    ) -> Self {
+        Self {
+            inner,
+            stored_key,
+            cuts,
+            decisions,
+            names,
+            base: base
+                .iter()
+                .flat_map(|b| &b.list)
+                .map(|p| (p.xxh3.as_str(), p))
+                .collect(),
+            next: 0,
+            position: 0,
+            written: 0,
+            buffer: Vec::new(),
+            crc: 0,
+            pieces: Vec::new(),
+        }
+    }
+
+    /// Every piece, once the whole container has streamed in: the commit record's list.
+    pub(crate) fn pieces(&self) -> Result<&[PieceRecord]> {
+        if self.next != self.cuts.len() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!(
+                    "the writer stopped at byte {} of a planned {}",
+                    self.position,
+                    self.cuts.last().map_or(0, |c| c.range.end)
+                ),
+            ));
+        }
+        Ok(&self.pieces)
+    }
+
+    /// Commits the stored container.
+    pub(crate) fn commit(self) -> Result<()> {
+        self.inner.commit()
+    }
+
+    fn tensor(&self, piece: &Cut) -> Option<String> {
+        piece.tensor.as_ref().map(|(t, _)| self.names[*t].clone())
+    }
+
+    /// Ends piece `next`, whose bytes have all streamed in.
+    fn finish(&mut self) -> Result<()> {
+        let piece = self.cuts[self.next].clone();
+        let len = piece.range.end - piece.range.start;
+        let tensor = self.tensor(&piece);
+        let record = match std::mem::replace(&mut self.decisions[self.next], Decision::Decide) {
+            Decision::Reuse(base) => PieceRecord { tensor, ..base },
+            Decision::Write(hash) => self.written_piece(len, hash, tensor),
+            Decision::Decide => {
+                let buffer = std::mem::take(&mut self.buffer);
+                let hash = hash_padded(&buffer, 0);
+                let record = match self.base.get(hex(hash).as_str()) {
+                    Some(base) if base.len == len => PieceRecord {
+                        tensor,
+                        ..(*base).clone()
+                    },
+                    _ => {
+                        self.inner.write(&buffer)?;
+                        self.crc = crc32c(&buffer);
+                        self.written_piece(len, hash, tensor)
+                    }
+                };
+                self.buffer = buffer;
+                self.buffer.clear();
+                record
+            }
+        };
+        self.pieces.push(record);
+        self.crc = 0;
+        self.next += 1;
+        Ok(())
+    }
+
+    fn written_piece(&mut self, len: u64, hash: u128, tensor: Option<String>) -> PieceRecord {
+        let record = PieceRecord {
+            len,
+            key: self.stored_key.clone(),
+            offset: self.written,
+            crc32c: self.crc,
+            xxh3: hex(hash),
+            tensor,
+        };
+        self.written += len;
+        record
+    }
+}
+
+impl Sink for DeltaSink<'_> {
+    fn write(&mut self, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            let Some(piece) = self.cuts.get(self.next) else {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    "the writer wrote past the container it planned",
+                ));
+            };
+            let n = (piece.range.end - self.position).min(data.len() as u64) as usize;
+            let (now, rest) = data.split_at(n);
+            match &self.decisions[self.next] {
+                Decision::Reuse(_) => {}
+                Decision::Write(_) => {
+                    self.inner.write(now)?;
+                    self.crc = crc32c_append(self.crc, now);
+                }
+                Decision::Decide => self.buffer.extend_from_slice(now),
+            }
+            self.position += n as u64;
+            data = rest;
+            if self.position == piece.range.end {
+                self.finish()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(self: Box<Self>) -> Result<()> {
+        (*self).commit()
+    }
+}
+
+/// The CRC32C of the whole container the pieces make up.
+pub(crate) fn combined_crc(pieces: &[PieceRecord]) -> u32 {
+    pieces.iter().fold(0, |crc, piece| {
+        crc32c_combine(crc, piece.crc32c, piece.len as usize)
+    })
+}

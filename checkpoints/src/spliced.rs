@@ -1,0 +1,327 @@
+//! Reading a container recorded piece by piece ([`Pieces`]) as if it were stored whole: a
+//! [`Source`] over the stored containers its pieces lie in, so every reader, batched fetch and
+//! runtime adapter reads an incremental checkpoint exactly like a full one.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use weightbay::backend_kit::check_ranges;
+use weightbay::{Bytes, Error, ErrorKind, Result, Source, Storage};
+
+use crate::record::Pieces;
+
+/// Runs of bytes of one stored container closer than this are fetched as one range: the
+/// gap's bytes cost less than the request a split would add.
+const MERGE_GAP: u64 = 64 * 1024;
+
+/// A container whose bytes are pieces of stored containers.
+#[derive(Debug)]
+pub(crate) struct Spliced {
+    len: u64,
+    /// Runs of consecutive pieces lying back to back in one stored container, in container
+    /// order.
+    spans: Vec<Span>,
+    /// The stored containers, each opened once.
+    stored: Vec<(String, Arc<dyn Source>)>,
+}
+
+#[derive(Debug, Clone)]
+struct Span {
+    /// Where the run starts in the spliced container.
+    at: u64,
+    len: u64,
+    /// Which of [`Spliced::stored`] holds it, and where.
+    stored: usize,
+    offset: u64,
+}
+
+/// One part of a range asked for: `len` bytes at `offset` of stored container `stored`, to
+/// byte `to` of output `out`.
+struct Part {
+    out: usize,
+    to: u64,
+    stored: usize,
+    offset: u64,
+    len: u64,
+}
+
+impl Spliced {
+    /// Opens every stored container `pieces` refers to (keys relative to `prefix`) and checks
+    /// each piece lies within it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`] naming the tensor and the key when a container it refers to is
+    /// gone or too short (never wrong bytes); the storage's errors.
+    pub(crate) fn open(storage: &dyn Storage, prefix: &str, pieces: &Pieces) -> Result<Self> {
+        let mut index: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut stored: Vec<(String, Arc<dyn Source>)> = Vec::new();
+        let mut spans: Vec<Span> = Vec::new();
+        let mut at = 0u64;
+        for piece in &pieces.list {
+            let key = if prefix.is_empty() {
+                piece.key.clone()
+            } else {
+                format!("{prefix}/{}", piece.key)
+            };
+            let what = piece
+                .tensor
+                .as_deref()
+                .map_or_else(|| "the header".to_owned(), |t| format!("tensor `{t}`"));
+            let slot = match index.get(piece.key.as_str()) {
+                Some(&slot) => slot,
+                None => {
+                    let source = storage.open(&key).map_err(|e| {
+                        if e.kind() == ErrorKind::NotFound {
+                            Error::new(
+                                ErrorKind::Corrupt,
+                                format!(
+                                    "{} refer to a container that is gone",
+                                    holders(pieces, &piece.key)
+                                ),
+                            )
+                            .with_key(&key)
+                            .with_source(e)
+                        } else {
+                            e.with_key(&key)
+                        }
+                    })?;
+                    stored.push((key.clone(), source));
+                    index.insert(&piece.key, stored.len() - 1);
+                    stored.len() - 1
+                }
+            };
+            let stored_len = stored[slot].1.len();
+            if piece
+                .offset
+                .checked_add(piece.len)
+                .is_none_or(|end| end > stored_len)
+            {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "{what} refers to bytes {}..+{} of a container of {stored_len}",
+                        piece.offset, piece.len
+                    ),
+                )
+                .with_key(&key));
+            }
+            match spans.last_mut() {
+                Some(last) if last.stored == slot && last.offset + last.len == piece.offset => {
+                    last.len += piece.len;
+                }
+                _ => spans.push(Span {
+                    at,
+                    len: piece.len,
+                    stored: slot,
+                    offset: piece.offset,
+                }),
+            }
+            at = at
+                .checked_add(piece.len)
+                .ok_or_else(|| Error::new(ErrorKind::Corrupt, "pieces overflow"))?;
+        }
+        if at != pieces.len {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("pieces of {at} bytes, the record says {}", pieces.len),
+            ));
+        }
+        Ok(Self {
+            len: at,
+            spans,
+            stored,
+        })
+    }
+
+    /// The parts of `range`, for output `out`.
+    fn parts(&self, out: usize, range: &Range<u64>, parts: &mut Vec<Part>) {
+        let mut at = range.start;
+        let mut i = self.spans.partition_point(|s| s.at + s.len <= at);
+        while at < range.end {
+            // `range` lies within `0..len`, which the spans tile.
+            let span = &self.spans[i];
+            let end = range.end.min(span.at + span.len);
+            parts.push(Part {
+                out,
+                to: at - range.start,
+                stored: span.stored,
+                offset: span.offset + (at - span.at),
+                len: end - at,
+            });
+            at = end;
+            i += 1;
+        }
+    }
+}
+
+/// What has pieces in stored container `key`, for an error: `the header, tensors `a`, `b``.
+fn holders(pieces: &Pieces, key: &str) -> String {
+    let mut header = false;
+    let mut tensors: Vec<&str> = Vec::new();
+    for piece in pieces.list.iter().filter(|p| p.key == key) {
+        match piece.tensor.as_deref() {
+            None => header = true,
+            Some(name) if tensors.last() != Some(&name) => tensors.push(name),
+            Some(_) => {}
+        }
+    }
+    let mut named: Vec<String> = header
+        .then(|| "the header".to_owned())
+        .into_iter()
+        .collect();
+    let shown: Vec<String> = tensors.iter().take(8).map(|t| format!("`{t}`")).collect();
+    if !shown.is_empty() {
+        let more = tensors.len().saturating_sub(8);
+        let tail = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        named.push(format!("tensors {}{tail}", shown.join(", ")));
+    }
+    named.join(" and ")
+}
+
+impl Source for Spliced {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let range = offset..offset + buf.len() as u64;
+        check_ranges(std::slice::from_ref(&range), self.len)?;
+        let mut parts = Vec::new();
+        self.parts(0, &range, &mut parts);
+        for part in parts {
+            let (key, source) = &self.stored[part.stored];
+            let to = part.to as usize;
+            source
+                .read_at(part.offset, &mut buf[to..to + part.len as usize])
+                .map_err(|e| e.with_key(key))?;
+        }
+        Ok(())
+    }
+
+    /// Within one stored container: that container's own bytes (a view of a map, a lazy
+    /// range). Across several: read now.
+    fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
+        check_ranges(std::slice::from_ref(&range), self.len)?;
+        let mut parts = Vec::new();
+        self.parts(0, &range, &mut parts);
+        if let [part] = parts.as_slice() {
+            let (key, source) = &self.stored[part.stored];
+            return source
+                .bytes(part.offset..part.offset + part.len)
+                .map_err(|e| e.with_key(key));
+        }
+        let mut fetched = self.fetch(std::slice::from_ref(&range))?;
+        Ok(fetched.remove(0))
+    }
+
+    /// One batched fetch per stored container, of every part the ranges need from it (parts
+    /// closer than 64 KiB merged), the containers fetched in parallel; a range within one
+    /// container is handed out as that container's bytes.
+    fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        check_ranges(ranges, self.len)?;
+        let mut parts = Vec::new();
+        for (out, range) in ranges.iter().enumerate() {
+            self.parts(out, range, &mut parts);
+        }
+        let mut by_stored: BTreeMap<usize, Vec<Range<u64>>> = BTreeMap::new();
+        for part in &parts {
+            by_stored
+                .entry(part.stored)
+                .or_default()
+                .push(part.offset..part.offset + part.len);
+        }
+        let merged: Vec<(usize, Vec<Range<u64>>)> = by_stored
+            .into_iter()
+            .map(|(stored, mut runs)| {
+                runs.sort_unstable_by_key(|r| r.start);
+                let mut merged: Vec<Range<u64>> = Vec::with_capacity(runs.len());
+                for run in runs {
+                    match merged.last_mut() {
+                        Some(last) if run.start <= last.end.saturating_add(MERGE_GAP) => {
+                            last.end = last.end.max(run.end);
+                        }
+                        _ => merged.push(run),
+                    }
+                }
+                (stored, merged)
+            })
+            .collect();
+        let fetched: Vec<Vec<Bytes>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = merged
+                .iter()
+                .map(|(stored, runs)| {
+                    let (key, source) = &self.stored[*stored];
+                    scope.spawn(move || source.fetch(runs).map_err(|e| e.with_key(key)))
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|worker| {
+                    worker.join().unwrap_or_else(|_| {
+                        Err(Error::new(ErrorKind::Io, "a fetch thread panicked"))
+                    })
+                })
+                .collect::<Result<_>>()
+        })?;
+        // The fetched bytes of stored container `stored` holding `offset..offset + len`.
+        let find = |stored: usize, offset: u64, len: u64| -> Result<Bytes> {
+            let slot = merged.iter().position(|(s, _)| *s == stored);
+            let found = slot.and_then(|slot| {
+                let runs = &merged[slot].1;
+                let i = runs.partition_point(|r| r.end <= offset);
+                let run = runs.get(i)?;
+                let bytes = fetched[slot].get(i)?;
+                let from = usize::try_from(offset.checked_sub(run.start)?).ok()?;
+                bytes.view(from, from + len as usize).ok()
+            });
+            found.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Io,
+                    "a batched read returned other lengths than asked",
+                )
+                .with_key(&self.stored[stored].0)
+            })
+        };
+        let mut out: Vec<Option<Bytes>> = vec![None; ranges.len()];
+        let mut i = 0;
+        while i < parts.len() {
+            let first = &parts[i];
+            let count = parts[i..].iter().take_while(|p| p.out == first.out).count();
+            let range = &ranges[first.out];
+            if count == 1 {
+                out[first.out] = Some(find(first.stored, first.offset, first.len)?);
+            } else {
+                let len = usize::try_from(range.end - range.start).map_err(|_| {
+                    Error::new(ErrorKind::OutOfRange, "range does not fit in memory")
+                })?;
+                let mut joined = Bytes::zeroed(len, 64)?;
+                let target = joined.make_mut()?;
+                for part in &parts[i..i + count] {
+                    let piece = find(part.stored, part.offset, part.len)?;
+                    let to = part.to as usize;
+                    target[to..to + part.len as usize]
+                        .copy_from_slice(piece.read(weightbay::AccessPolicy::AllowCopy)?);
+                }
+                out[first.out] = Some(joined);
+            }
+            i += count;
+        }
+        Ok(out
+            .into_iter()
+            .map(|bytes| bytes.unwrap_or_else(|| Bytes::from(Vec::new())))
+            .collect())
+    }
+
+    fn fetch_ahead(&self) -> u64 {
+        self.stored
+            .iter()
+            .map(|(_, source)| source.fetch_ahead())
+            .max()
+            .unwrap_or(0)
+    }
+}
