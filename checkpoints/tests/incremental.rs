@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use proptest::prelude::*;
 use weightbay::{
@@ -264,14 +265,15 @@ fn copying_an_increment_writes_it_whole_with_its_hashes() {
 }
 
 /// A storage that runs `hook` once, the first time a key ending in `trigger` is created,
-/// before creating it: to run a retention pass in the middle of a save.
+/// before creating it (failing the create if the hook fails): to run a retention pass in the
+/// middle of a save, or to fail one.
 struct BeforeCreate {
     inner: Arc<MemoryStorage>,
     trigger: &'static str,
     hook: Mutex<Option<Hook>>,
 }
 
-type Hook = Box<dyn FnOnce() + Send>;
+type Hook = Box<dyn FnOnce() -> weightbay::Result<()> + Send>;
 
 impl std::fmt::Debug for BeforeCreate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -289,7 +291,7 @@ impl Storage for BeforeCreate {
         if key.ends_with(self.trigger) {
             let hook = self.hook.lock().unwrap().take();
             if let Some(hook) = hook {
-                hook();
+                hook()?;
             }
         }
         self.inner.create(key, options)
@@ -331,7 +333,7 @@ fn a_pass_that_deletes_a_save_s_base_while_it_uploads_keeps_what_the_save_refers
             trigger: "delta.bin",
             hook: Mutex::new(Some(Box::new(move || {
                 assert_eq!(pass.retain(&Retention::keep_last(1)).unwrap(), [1]);
-                pass.gc().unwrap();
+                pass.gc().map(drop)
             }))),
         }),
         "run",
@@ -362,10 +364,9 @@ fn a_pass_that_deletes_a_save_s_base_while_it_uploads_keeps_what_the_save_refers
 }
 
 #[test]
-fn an_announcement_past_its_lease_protects_nothing_and_gc_removes_it() {
+fn an_announcement_protects_until_its_lease_runs_out_and_a_save_must_commit_within_it() {
     let storage = Arc::new(MemoryStorage::new());
-    let checkpoints =
-        Checkpoints::over(storage.clone(), "run").with_reference_lease(std::time::Duration::ZERO);
+    let checkpoints = Checkpoints::over(storage.clone(), "run");
     checkpoints
         .save_with(
             1,
@@ -373,35 +374,46 @@ fn an_announcement_past_its_lease_protects_nothing_and_gc_removes_it() {
             SaveOptions::incremental(),
         )
         .unwrap();
-    // With no lease, a save cannot commit its references in time.
-    let error = checkpoints
+    // A save whose commit record's write fails as if its answer were lost: it may have
+    // committed, so its announcement stays.
+    let failing = Checkpoints::over(
+        Arc::new(BeforeCreate {
+            inner: storage.clone(),
+            trigger: "commit.json",
+            hook: Mutex::new(Some(Box::new(|| {
+                Err(weightbay::Error::new(ErrorKind::Io, "connection reset"))
+            }))),
+        }),
+        "run",
+    );
+    let error = failing
         .save_with(
             2,
             Writer::new(model(&[1, 2], 4096)),
             SaveOptions::incremental(),
         )
         .unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
-    assert_eq!(checkpoints.steps().unwrap(), [1]);
-    let lasting = Checkpoints::over(storage, "run");
-    lasting
-        .save_with(
-            2,
-            Writer::new(model(&[1, 2], 4096)),
-            SaveOptions::incremental(),
-        )
-        .unwrap();
-    let report = checkpoints.gc_plan().unwrap();
-    assert!(
+    assert_eq!(error.kind(), ErrorKind::Io, "{error}");
+    let announcements = |report: weightbay_checkpoints::GcReport| {
         report
             .orphans
-            .iter()
+            .into_iter()
             .filter(|k| k.starts_with("run/refs/"))
             .count()
-            == 2,
-        "{:?}",
-        report.orphans
-    );
+    };
+    assert_eq!(announcements(checkpoints.gc_plan().unwrap()), 0);
+    let expired = Checkpoints::over(storage, "run").with_reference_lease(Duration::ZERO);
+    assert_eq!(announcements(expired.gc_plan().unwrap()), 1);
+    // With no lease, a save cannot commit its references in time.
+    let error = expired
+        .save_with(
+            3,
+            Writer::new(model(&[1, 3], 4096)),
+            SaveOptions::incremental(),
+        )
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::TimedOut, "{error}");
+    assert_eq!(checkpoints.steps().unwrap(), [1]);
 }
 
 proptest! {
