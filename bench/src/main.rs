@@ -124,6 +124,16 @@ pub(crate) const CASES: &[Case] = &[
         ],
         cases::lifecycle::lifecycle_cases,
     ),
+    (
+        &[
+            "incremental hashing",
+            "incremental save",
+            "incremental sparse",
+            "incremental load",
+            "incremental storage",
+        ],
+        cases::incremental::incremental_cases,
+    ),
     (&["candle"], cases::candle::candle_cases),
     (
         &[

@@ -8,9 +8,12 @@ use std::time::Duration;
 use weightbay::{Error, ErrorKind, Result, Storage};
 
 use crate::in_flight::Saves;
-use crate::incremental::DEFAULT_REFERENCE_LEASE;
 use crate::layout;
 use crate::record::{CommitRecord, PIECES_RECORD_VERSION, RECORD_VERSION, read_json};
+
+/// How long gc keeps what a save announced it may refer to, unless told otherwise
+/// ([`Checkpoints::with_reference_lease`]). A save must commit within five sixths of it.
+pub const DEFAULT_REFERENCE_LEASE: Duration = Duration::from_secs(3600);
 
 /// The checkpoints under one prefix of a storage. Cheap to clone; clones share the one save
 /// that may be in flight.

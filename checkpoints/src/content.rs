@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use xxhash_rust::xxh3::Xxh3;
+pub(crate) use xxhash_rust::xxh3::xxh3_128;
 
 /// The chunk length an incremental save cuts tensors into unless told otherwise: small
 /// enough that a changed row of an embedding table rewrites 1 MiB, large enough that a 2 GiB
@@ -18,48 +18,39 @@ pub(crate) struct Cut {
     /// Its bytes in the container.
     pub range: Range<u64>,
     /// The tensor (its index in writer order) it is a chunk of, and which of the tensor's own
-    /// bytes it holds; the rest of the piece, to `range.end`, is zero padding.
+    /// bytes it holds; `None` for the header, the padding between tensors and the trailer.
     pub tensor: Option<(usize, Range<u64>)>,
 }
 
 /// The pieces of a container of `len` bytes whose tensors lie at `tensors` (in writer order,
 /// ascending, as [`Writer::tensor_ranges`](weightbay::Writer::tensor_ranges) gives them): the
-/// header up to the first tensor, each tensor in chunks of at most `chunk_len` bytes (its last
-/// chunk running on over the padding to the next tensor), and whatever follows the last
-/// tensor. The pieces tile `0..len`; none is empty.
+/// header up to the first tensor, each tensor in chunks of at most `chunk_len` bytes counted
+/// from its own first byte, the zero padding after it, and whatever follows the last tensor.
+/// A tensor's CRC32C is then its chunks' combined. The pieces tile `0..len`; none is empty.
 pub(crate) fn cut(len: u64, tensors: &[Range<u64>], chunk_len: u64) -> Vec<Cut> {
     let chunk_len = chunk_len.max(1);
     let mut pieces = Vec::new();
-    let first = tensors.first().map_or(len, |t| t.start);
-    if first > 0 {
-        pieces.push(Cut {
-            range: 0..first,
-            tensor: None,
-        });
-    }
+    let gap = |pieces: &mut Vec<Cut>, range: Range<u64>| {
+        if range.start < range.end {
+            pieces.push(Cut {
+                range,
+                tensor: None,
+            });
+        }
+    };
+    gap(&mut pieces, 0..tensors.first().map_or(len, |t| t.start));
     for (index, range) in tensors.iter().enumerate() {
-        let next = tensors.get(index + 1).map_or(range.end, |t| t.start);
         let mut at = range.start;
-        while at < next {
-            let end = if range.end - at.min(range.end) > chunk_len {
-                at + chunk_len
-            } else {
-                next
-            };
-            let own = at.min(range.end) - range.start..end.min(range.end) - range.start;
+        while at < range.end {
+            let end = range.end.min(at + chunk_len);
             pieces.push(Cut {
                 range: at..end,
-                tensor: Some((index, own)),
+                tensor: Some((index, at - range.start..end - range.start)),
             });
             at = end;
         }
-    }
-    let last = tensors.last().map_or(len, |t| t.end);
-    if last < len {
-        pieces.push(Cut {
-            range: last..len,
-            tensor: None,
-        });
+        let next = tensors.get(index + 1).map_or(len, |t| t.start);
+        gap(&mut pieces, range.end..next);
     }
     pieces
 }
@@ -69,50 +60,41 @@ pub(crate) fn hex(hash: u128) -> String {
     format!("{hash:032x}")
 }
 
-/// The hash of `data` followed by `padding` zero bytes: a chunk of a tensor, as the container
-/// holds it.
-pub(crate) fn hash_padded(data: &[u8], padding: u64) -> u128 {
-    const ZEROS: [u8; 4096] = [0; 4096];
-    let mut hasher = Xxh3::new();
-    hasher.update(data);
-    let mut left = padding;
-    while left > 0 {
-        let step = left.min(ZEROS.len() as u64);
-        hasher.update(&ZEROS[..step as usize]);
-        left -= step;
-    }
-    hasher.digest128()
-}
-
-/// The hash of every `(data, padding)` job, in order, spread over every core: a tensor's bytes
-/// are read where they lie, never copied.
-pub(crate) fn hash_all(jobs: &[(&[u8], u64)]) -> Vec<u128> {
-    let total: usize = jobs.iter().map(|(data, _)| data.len()).sum();
+/// The hash of every piece of `pieces`, in order, spread over every core: a tensor's bytes are
+/// read where they lie, never copied.
+pub(crate) fn hash_all(pieces: &[&[u8]]) -> Vec<u128> {
+    let total: usize = pieces.iter().map(|data| data.len()).sum();
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
-        .min(jobs.len())
+        .min(pieces.len())
         .min(total / (1 << 20) + 1)
         .max(1);
     if threads == 1 {
-        return jobs.iter().map(|&(d, p)| hash_padded(d, p)).collect();
+        return pieces.iter().map(|data| xxh3_128(data)).collect();
     }
-    let mut hashes = vec![0u128; jobs.len()];
-    // Each thread takes every `threads`-th job, so the large and small ones spread evenly.
+    let mut hashes = vec![0u128; pieces.len()];
+    // Each thread takes every `threads`-th piece, so the large and small ones spread evenly.
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|first| {
                 scope.spawn(move || {
-                    (first..jobs.len())
+                    (first..pieces.len())
                         .step_by(threads)
-                        .map(|i| (i, hash_padded(jobs[i].0, jobs[i].1)))
+                        .map(|i| (i, xxh3_128(pieces[i])))
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
-        for worker in workers {
-            // Hashing cannot panic; a thread that did would lose only its hashes, which stay 0
-            // and so match nothing: those pieces are written.
-            for (i, hash) in worker.join().unwrap_or_default() {
+        for (first, worker) in workers.into_iter().enumerate() {
+            // Hashing cannot panic; should a thread have all the same, its pieces are hashed
+            // here.
+            let done = worker.join().unwrap_or_else(|_| {
+                (first..pieces.len())
+                    .step_by(threads)
+                    .map(|i| (i, xxh3_128(pieces[i])))
+                    .collect()
+            });
+            for (i, hash) in done {
                 hashes[i] = hash;
             }
         }
@@ -132,27 +114,30 @@ mod tests {
         let ranges: Vec<_> = pieces.iter().map(|p| p.range.clone()).collect();
         assert_eq!(
             ranges,
-            [0..100, 100..200, 200..300, 300..356, 356..400, 400..420]
+            [
+                0..100,
+                100..200,
+                200..300,
+                300..350,
+                350..356,
+                356..400,
+                400..420
+            ]
         );
         assert_eq!(pieces[3].tensor, Some((0, 200..250)));
-        assert_eq!(pieces[4].tensor, Some((2, 0..44)));
-        assert_eq!(pieces[5].tensor, None);
+        assert_eq!(pieces[4].tensor, None);
+        assert_eq!(pieces[5].tensor, Some((2, 0..44)));
+        assert_eq!(pieces[6].tensor, None);
         assert_eq!(cut(10, &[], 4).len(), 1);
     }
 
     #[test]
-    fn a_padded_hash_is_the_hash_of_the_bytes_with_their_zeros() {
-        let data = [7u8; 5000];
-        let mut padded = data.to_vec();
-        padded.extend([0u8; 5000]);
-        assert_eq!(
-            hash_padded(&data, 5000),
-            xxhash_rust::xxh3::xxh3_128(&padded)
-        );
-        let jobs: Vec<(&[u8], u64)> = vec![(&data, 0), (&padded, 3), (&[], 0)];
-        let hashes = hash_all(&jobs);
-        assert_eq!(hashes[0], hash_padded(&data, 0));
-        assert_eq!(hashes[1], hash_padded(&padded, 3));
+    fn hashing_on_every_core_gives_each_piece_its_own_hash() {
+        let big = vec![7u8; 3 << 20];
+        let pieces: Vec<&[u8]> = vec![&big, &big[1..], &[], &big[..10]];
+        let hashes = hash_all(&pieces);
+        let one_by_one: Vec<u128> = pieces.iter().map(|p| xxh3_128(p)).collect();
+        assert_eq!(hashes, one_by_one);
         assert_ne!(hashes[0], hashes[1]);
     }
 }

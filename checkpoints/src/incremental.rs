@@ -5,21 +5,17 @@
 //! a gc running meanwhile keeps it (the protocol is on [`Checkpoints::gc`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use weightbay::checksum::{crc32c, crc32c_append, crc32c_combine};
 use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Sink, StorageExt, Writer};
 
 use crate::checkpoints::Checkpoints;
-use crate::content::{Cut, DEFAULT_CHUNK_LEN, cut, hash_all, hash_padded, hex};
+use crate::content::{Cut, DEFAULT_CHUNK_LEN, cut, hash_all, hex, xxh3_128};
 use crate::layout;
 use crate::record::{
     ANNOUNCEMENT_VERSION, Announcement, CommitRecord, PieceRecord, Pieces, encode, now_unix_ms,
 };
-
-/// How long gc keeps what a save announced it may refer to, unless told otherwise
-/// ([`Checkpoints::with_reference_lease`]). A save must commit within five sixths of it.
-pub const DEFAULT_REFERENCE_LEASE: Duration = Duration::from_secs(3600);
 
 /// What an incremental save compares against, and how it cuts tensors.
 #[derive(Debug, Clone)]
@@ -146,12 +142,17 @@ impl Checkpoints {
     }
 }
 
+/// What an incremental save will write: the container's length, its pieces and what each
+/// will be, and the CRC32C of every tensor the base holds whole.
+pub(crate) struct Plan {
+    pub(crate) len: u64,
+    pub(crate) cuts: Vec<Cut>,
+    pub(crate) decisions: Vec<Decision>,
+    pub(crate) known_crcs: BTreeMap<usize, u32>,
+}
+
 /// The pieces of `writer`'s container and what each will be, given `base`.
-pub(crate) fn plan(
-    writer: &Writer,
-    base: Option<&Pieces>,
-    options: &Incremental,
-) -> Result<(u64, Vec<Cut>, Vec<Decision>)> {
+pub(crate) fn plan(writer: &Writer, base: Option<&Pieces>, options: &Incremental) -> Result<Plan> {
     let len = writer.size()?;
     let cuts = cut(len, &writer.tensor_ranges()?, options.chunk_len);
     let tensors = writer.tensors();
@@ -160,6 +161,7 @@ pub(crate) fn plan(
         .flat_map(|b| &b.list)
         .map(|p| (p.xxh3.as_str(), p))
         .collect();
+    let at = by_position(base);
     let mut by_name: BTreeMap<&str, Vec<&PieceRecord>> = BTreeMap::new();
     for piece in base.iter().flat_map(|b| &b.list) {
         if let Some(name) = &piece.tensor {
@@ -201,7 +203,7 @@ pub(crate) fn plan(
             bytes.read(AccessPolicy::ZeroCopy).is_ok().then_some(bytes)
         })
         .collect();
-    let mut jobs: Vec<(usize, &[u8], u64)> = Vec::new();
+    let mut jobs: Vec<(usize, &[u8])> = Vec::new();
     for (i, piece) in cuts.iter().enumerate() {
         let Some((tensor, own)) = &piece.tensor else {
             continue;
@@ -213,12 +215,10 @@ pub(crate) fn plan(
             continue;
         };
         let memory = bytes.read(AccessPolicy::ZeroCopy)?;
-        let data = &memory[own.start as usize..own.end as usize];
-        let padding = (piece.range.end - piece.range.start) - (own.end - own.start);
-        jobs.push((i, data, padding));
+        jobs.push((i, &memory[own.start as usize..own.end as usize]));
     }
-    let hashes = hash_all(&jobs.iter().map(|&(_, d, p)| (d, p)).collect::<Vec<_>>());
-    for (&(i, _, _), hash) in jobs.iter().zip(hashes) {
+    let hashes = hash_all(&jobs.iter().map(|&(_, data)| data).collect::<Vec<_>>());
+    for (&(i, _), hash) in jobs.iter().zip(hashes) {
         let text = hex(hash);
         if claimed[i] {
             if let Decision::Reuse(piece) = &decisions[i]
@@ -232,13 +232,66 @@ pub(crate) fn plan(
             }
             continue;
         }
-        let len = cuts[i].range.end - cuts[i].range.start;
-        decisions[i] = match by_hash.get(text.as_str()) {
-            Some(piece) if piece.len == len => Decision::Reuse((*piece).clone()),
-            _ => Decision::Write(hash),
+        decisions[i] = match find(&at, &by_hash, &cuts[i].range, &text) {
+            Some(piece) => Decision::Reuse(piece.clone()),
+            None => Decision::Write(hash),
         };
     }
-    Ok((len, cuts, decisions))
+    // A tensor all of whose chunks the base holds has its CRC32C in the base's record: the
+    // trailer takes it from there instead of summing the bytes again.
+    let mut known = BTreeMap::new();
+    for index in 0..tensors.len() {
+        let mut crc = Some(0u32);
+        let mut any = false;
+        for (piece, decision) in cuts.iter().zip(&decisions) {
+            if piece.tensor.as_ref().is_some_and(|(t, _)| *t == index) {
+                any = true;
+                crc = match (crc, decision) {
+                    (Some(crc), Decision::Reuse(base)) => {
+                        Some(crc32c_combine(crc, base.crc32c, base.len as usize))
+                    }
+                    _ => None,
+                };
+            }
+        }
+        if let (true, Some(crc)) = (any, crc) {
+            known.insert(index, crc);
+        }
+    }
+    Ok(Plan {
+        len,
+        cuts,
+        decisions,
+        known_crcs: known,
+    })
+}
+
+/// The base's pieces by where they start in its container.
+fn by_position(base: Option<&Pieces>) -> HashMap<u64, &PieceRecord> {
+    let mut at = 0;
+    let mut index = HashMap::new();
+    for piece in base.iter().flat_map(|b| &b.list) {
+        index.insert(at, piece);
+        at += piece.len;
+    }
+    index
+}
+
+/// The base's piece to refer to for the piece at `range` whose hash is `hash`: the one at the
+/// same place when it holds the same bytes (so an unchanged tensor stays one run of one
+/// container, read as one), else any with the same bytes.
+fn find<'p>(
+    at: &HashMap<u64, &'p PieceRecord>,
+    by_hash: &HashMap<&str, &'p PieceRecord>,
+    range: &std::ops::Range<u64>,
+    hash: &str,
+) -> Option<&'p PieceRecord> {
+    let len = range.end - range.start;
+    let same = |piece: &&&PieceRecord| piece.len == len && piece.xxh3 == hash;
+    at.get(&range.start)
+        .filter(same)
+        .or_else(|| by_hash.get(hash).filter(same))
+        .copied()
 }
 
 /// A sink that takes the whole container a writer streams and stores only the pieces the
@@ -250,7 +303,8 @@ pub(crate) struct DeltaSink<'a> {
     cuts: Vec<Cut>,
     decisions: Vec<Decision>,
     names: Vec<String>,
-    base: HashMap<&'a str, &'a PieceRecord>,
+    by_hash: HashMap<&'a str, &'a PieceRecord>,
+    at: HashMap<u64, &'a PieceRecord>,
     next: usize,
     position: u64,
     written: u64,
@@ -265,21 +319,22 @@ impl<'a> DeltaSink<'a> {
     pub(crate) fn new(
         inner: Box<dyn Sink>,
         stored_key: String,
-        (cuts, decisions): (Vec<Cut>, Vec<Decision>),
+        plan: Plan,
         names: Vec<String>,
         base: Option<&'a Pieces>,
     ) -> Self {
         Self {
             inner,
             stored_key,
-            cuts,
-            decisions,
+            cuts: plan.cuts,
+            decisions: plan.decisions,
             names,
-            base: base
+            by_hash: base
                 .iter()
                 .flat_map(|b| &b.list)
                 .map(|p| (p.xxh3.as_str(), p))
                 .collect(),
+            at: by_position(base),
             next: 0,
             position: 0,
             written: 0,
@@ -323,13 +378,13 @@ impl<'a> DeltaSink<'a> {
             Decision::Write(hash) => self.written_piece(len, hash, tensor),
             Decision::Decide => {
                 let buffer = std::mem::take(&mut self.buffer);
-                let hash = hash_padded(&buffer, 0);
-                let record = match self.base.get(hex(hash).as_str()) {
-                    Some(base) if base.len == len => PieceRecord {
+                let hash = xxh3_128(&buffer);
+                let record = match find(&self.at, &self.by_hash, &piece.range, &hex(hash)) {
+                    Some(base) => PieceRecord {
                         tensor,
-                        ..(*base).clone()
+                        ..base.clone()
                     },
-                    _ => {
+                    None => {
                         self.inner.write(&buffer)?;
                         self.crc = crc32c(&buffer);
                         self.written_piece(len, hash, tensor)

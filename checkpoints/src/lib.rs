@@ -47,10 +47,16 @@
 //! # Ok::<(), weightbay::Error>(())
 //! ```
 //!
+//! With [`SaveOptions::incremental`], a save writes only the pieces (1 MiB chunks of tensors,
+//! by XXH3-128 hash) an earlier checkpoint lacks, and its record refers to that checkpoint's
+//! bytes for the rest; it reads like a full one, and [`Checkpoints::retain`] and
+//! [`Checkpoints::gc`] never delete a byte a kept checkpoint or a save in progress refers to.
+//!
 //! The crate is built over `weightbay`'s public API only. Its files are its own formats
 //! (commit records and rank manifests, versioned JSON: docs/FORMAT.md), and each concern has a
 //! module: the stored schema (`record`), where keys lie (`layout`), saving in the foreground
-//! (`save`) and the background (`background`), finding checkpoints (`listing`), retention and
+//! (`save`) and the background (`background`), incremental saves (`incremental`, `content`)
+//! and their reads (`spliced`), finding checkpoints (`listing`), retention and
 //! gc (`retention`), copies (`copy`), one checkpoint and its verification (`checkpoint`), rank
 //! saves (`ranks`) and their merge (`merge`), and loading in any rank layout (`assembled`,
 //! `region`).
@@ -82,9 +88,9 @@ mod spliced;
 pub use assembled::AssembledWeights;
 pub use background::SaveHandle;
 pub use checkpoint::{Checkpoint, CheckpointReport};
-pub use checkpoints::Checkpoints;
+pub use checkpoints::{Checkpoints, DEFAULT_REFERENCE_LEASE};
 pub use content::DEFAULT_CHUNK_LEN;
-pub use incremental::{DEFAULT_REFERENCE_LEASE, Incremental};
+pub use incremental::Incremental;
 pub use layout::{COMMIT_RECORD, RANKS_DIR};
 pub use listing::{RankProgress, StepState, StepStatus};
 pub use ranks::{FAILURE_RECORD_TIMEOUT, RankOutcome, RankSave, Rendezvous};

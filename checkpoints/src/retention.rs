@@ -3,7 +3,7 @@
 //! saves left behind; neither deletes a container a kept checkpoint, or a save in progress,
 //! refers to.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use weightbay::{Error, ErrorKind, PendingWrite, Result, Storage};
 
@@ -44,9 +44,15 @@ impl Retention {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GcReport {
-    /// Keys of containers no commit record names or refers to, and of announcements past
-    /// their lease.
+    /// Keys of containers no commit record names or refers to.
     pub orphans: Vec<String>,
+    /// Keys of announcements that protect nothing any more: their save committed, or their
+    /// lease ran out.
+    pub spent: Vec<String>,
+    /// Containers of steps that are no longer checkpoints (deleted by retention, or never
+    /// committed) that stay, each with why: a kept checkpoint refers to it, or a save in
+    /// progress may.
+    pub kept: Vec<(String, String)>,
     /// Unfinished writes under the prefix whose writers are gone (scratch files, staged
     /// objects, multipart uploads and their journals): the storage's own cleanup
     /// ([`Storage::clean_pending`]).
@@ -57,7 +63,8 @@ pub struct GcReport {
 /// in, and every container a save in progress announced; with the announcements that protect
 /// nothing any more (their save committed, or their lease ran out).
 struct Protected {
-    keys: BTreeSet<String>,
+    /// Each protected key, with why.
+    keys: BTreeMap<String, String>,
     spent: Vec<String>,
 }
 
@@ -136,7 +143,7 @@ impl Checkpoints {
         let protected = self.protected(&statuses, &deleted)?;
         for &step in steps {
             for listed in self.storage.list(&self.step_dir(step))? {
-                if !protected.keys.contains(&listed.key) {
+                if !protected.keys.contains_key(&listed.key) {
                     delete_if_present(self.storage.as_ref(), &listed.key)?;
                 }
             }
@@ -182,16 +189,14 @@ impl Checkpoints {
     /// [`ErrorKind::Corrupt`] naming an announcement of an unknown version (it may protect
     /// anything, so nothing is removed); the storage's errors.
     pub fn gc(&self) -> Result<GcReport> {
-        let orphans = self.orphans()?;
-        for key in &orphans {
+        let mut report = self.sweep()?;
+        for key in report.orphans.iter().chain(&report.spent) {
             delete_if_present(self.storage.as_ref(), key)?;
         }
-        let pending = if self.storage.capabilities().pending_listing {
-            self.storage.clean_pending(&self.prefix)?
-        } else {
-            Vec::new()
-        };
-        Ok(GcReport { orphans, pending })
+        if self.storage.capabilities().pending_listing {
+            report.pending = self.storage.clean_pending(&self.prefix)?;
+        }
+        Ok(report)
     }
 
     /// What [`gc`](Self::gc) would remove now, without removing anything. An unfinished write
@@ -201,15 +206,12 @@ impl Checkpoints {
     /// # Errors
     /// As [`list`](Self::list).
     pub fn gc_plan(&self) -> Result<GcReport> {
-        let orphans = self.orphans()?;
-        let pending = if self.storage.capabilities().pending_listing {
-            let mut pending = self.storage.pending(&self.prefix)?;
-            pending.retain(|p| p.abandoned);
-            pending
-        } else {
-            Vec::new()
-        };
-        Ok(GcReport { orphans, pending })
+        let mut report = self.sweep()?;
+        if self.storage.capabilities().pending_listing {
+            report.pending = self.storage.pending(&self.prefix)?;
+            report.pending.retain(|p| p.abandoned);
+        }
+        Ok(report)
     }
 
     /// What references protect, read in the order the protocol on [`gc`](Self::gc) needs:
@@ -219,7 +221,7 @@ impl Checkpoints {
     fn protected(&self, statuses: &[StepStatus], deleted: &[CommitRecord]) -> Result<Protected> {
         let records: Vec<&CommitRecord> =
             statuses.iter().filter_map(|s| s.record.as_ref()).collect();
-        let mut keys = BTreeSet::new();
+        let mut keys = BTreeMap::new();
         for record in &records {
             self.protect(record, &mut keys);
         }
@@ -258,12 +260,13 @@ impl Checkpoints {
             if committed || now.saturating_sub(announcement.time_unix_ms) >= lease {
                 spent.push(listed.key);
             } else {
-                keys.extend(
-                    announcement
-                        .keys
-                        .iter()
-                        .map(|k| layout::under(&self.prefix, k)),
-                );
+                for key in &announcement.keys {
+                    let why = format!(
+                        "a save of step {} in progress may refer to it",
+                        announcement.step
+                    );
+                    keys.entry(layout::under(&self.prefix, key)).or_insert(why);
+                }
             }
         }
         let read: BTreeSet<u64> = records.iter().map(|r| r.step).collect();
@@ -282,20 +285,20 @@ impl Checkpoints {
     }
 
     /// Adds every container `record` names or its pieces lie in to `keys`.
-    fn protect(&self, record: &CommitRecord, keys: &mut BTreeSet<String>) {
+    fn protect(&self, record: &CommitRecord, keys: &mut BTreeMap<String, String>) {
         let dir = self.step_dir(record.step);
-        keys.extend(record.containers.iter().map(|c| format!("{dir}/{}", c.key)));
-        keys.extend(
-            record
-                .pieces
-                .iter()
-                .flat_map(|p| &p.list)
-                .map(|piece| layout::under(&self.prefix, &piece.key)),
-        );
+        for container in &record.containers {
+            keys.entry(format!("{dir}/{}", container.key))
+                .or_insert_with(|| format!("step {} holds it", record.step));
+        }
+        for piece in record.pieces.iter().flat_map(|p| &p.list) {
+            keys.entry(layout::under(&self.prefix, &piece.key))
+                .or_insert_with(|| format!("step {} refers to it", record.step));
+        }
     }
 
-    /// The containers and announcements [`gc`](Self::gc) would remove.
-    fn orphans(&self) -> Result<Vec<String>> {
+    /// What [`gc`](Self::gc) would remove and keep, but for unfinished writes.
+    fn sweep(&self) -> Result<GcReport> {
         let statuses = self.list()?;
         let protected = self.protected(&statuses, &[])?;
         let newest_complete = statuses
@@ -309,6 +312,7 @@ impl Checkpoints {
             one.chain(state.ranks_in_flight.iter().cloned()).collect()
         };
         let mut orphans = Vec::new();
+        let mut kept = Vec::new();
         for status in statuses {
             if newest_complete.is_none_or(|newest| status.step > newest) {
                 continue;
@@ -339,14 +343,21 @@ impl Checkpoints {
                 let saving = writing
                     .iter()
                     .any(|save_dir| listed.key.starts_with(&format!("{save_dir}/")));
-                let kept = named.contains(&listed.key) || protected.keys.contains(&listed.key);
-                if !kept && !saving {
-                    orphans.push(listed.key);
+                if named.contains(&listed.key) || saving {
+                    continue;
+                }
+                match protected.keys.get(&listed.key) {
+                    Some(why) => kept.push((listed.key, why.clone())),
+                    None => orphans.push(listed.key),
                 }
             }
         }
-        orphans.extend(protected.spent);
-        Ok(orphans)
+        Ok(GcReport {
+            orphans,
+            spent: protected.spent,
+            kept,
+            pending: Vec::new(),
+        })
     }
 }
 

@@ -52,7 +52,7 @@ impl SaveOptions {
     /// piece the newest complete checkpoint already holds is not written: the commit record
     /// refers to that checkpoint's bytes. Every reader reads the result like a full save. The
     /// first such save, and any whose base has no pieces, writes everything and records the
-    /// hashes a chain starts from.
+    /// hashes a chain starts from. Finding the base takes a storage that lists.
     ///
     /// ```
     /// use weightbay_checkpoints::{Checkpoints, SaveOptions};
@@ -297,7 +297,12 @@ impl Checkpoints {
         let base = self.announce_base(step, token, incremental)?;
         let base_pieces = base.as_ref().and_then(|b| b.record.pieces.as_ref());
         let name = format!("model.{}", writer.format().extension());
-        let (len, cuts, decisions) = plan(&writer, base_pieces, incremental)?;
+        let mut plan = plan(&writer, base_pieces, incremental)?;
+        let len = plan.len;
+        let mut writer = writer;
+        for (index, crc) in std::mem::take(&mut plan.known_crcs) {
+            writer = writer.with_known_crc32c(index, crc);
+        }
         let key = match base_pieces {
             Some(_) => format!("{save_dir}/delta.bin"),
             None => format!("{save_dir}/{name}"),
@@ -318,7 +323,7 @@ impl Checkpoints {
             .map(|t| t.name().to_owned())
             .collect();
         let stored_key = layout::relative(&self.prefix, &key).to_owned();
-        let mut sink = DeltaSink::new(inner, stored_key, (cuts, decisions), names, base_pieces);
+        let mut sink = DeltaSink::new(inner, stored_key, plan, names, base_pieces);
         writer
             .write_to_sink(&mut sink)
             .map_err(|e| e.with_operation("write").with_key(&key))?;

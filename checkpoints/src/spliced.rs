@@ -7,13 +7,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use weightbay::backend_kit::check_ranges;
-use weightbay::{Bytes, Error, ErrorKind, Result, Source, Storage};
+use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Source, Storage};
 
 use crate::record::Pieces;
-
-/// Runs of bytes of one stored container closer than this are fetched as one range: the
-/// gap's bytes cost less than the request a split would add.
-const MERGE_GAP: u64 = 64 * 1024;
 
 /// A container whose bytes are pieces of stored containers.
 #[derive(Debug)]
@@ -219,102 +215,88 @@ impl Source for Spliced {
         Ok(fetched.remove(0))
     }
 
-    /// One batched fetch per stored container, of every part the ranges need from it (parts
-    /// closer than 64 KiB merged), the containers fetched in parallel; a range within one
-    /// container is handed out as that container's bytes.
+    /// One batched fetch per stored container of every part the ranges need from it (the
+    /// container's own fetch coalesces and parallelizes them as its backend does best), the
+    /// containers fetched side by side; a range within one container is handed out as that
+    /// container's bytes.
     fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         check_ranges(ranges, self.len)?;
         let mut parts = Vec::new();
         for (out, range) in ranges.iter().enumerate() {
             self.parts(out, range, &mut parts);
         }
-        let mut by_stored: BTreeMap<usize, Vec<Range<u64>>> = BTreeMap::new();
-        for part in &parts {
-            by_stored
-                .entry(part.stored)
-                .or_default()
-                .push(part.offset..part.offset + part.len);
-        }
-        let merged: Vec<(usize, Vec<Range<u64>>)> = by_stored
-            .into_iter()
-            .map(|(stored, mut runs)| {
-                runs.sort_unstable_by_key(|r| r.start);
-                let mut merged: Vec<Range<u64>> = Vec::with_capacity(runs.len());
-                for run in runs {
-                    match merged.last_mut() {
-                        Some(last) if run.start <= last.end.saturating_add(MERGE_GAP) => {
-                            last.end = last.end.max(run.end);
-                        }
-                        _ => merged.push(run),
-                    }
-                }
-                (stored, merged)
+        // Each stored container's parts, and where each part's bytes come back in its fetch.
+        let mut asked: BTreeMap<usize, Vec<Range<u64>>> = BTreeMap::new();
+        let slots: Vec<usize> = parts
+            .iter()
+            .map(|part| {
+                let runs = asked.entry(part.stored).or_default();
+                runs.push(part.offset..part.offset + part.len);
+                runs.len() - 1
             })
             .collect();
-        let fetched: Vec<Vec<Bytes>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = merged
-                .iter()
-                .map(|(stored, runs)| {
-                    let (key, source) = &self.stored[*stored];
-                    scope.spawn(move || source.fetch(runs).map_err(|e| e.with_key(key)))
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|worker| {
-                    worker.join().unwrap_or_else(|_| {
-                        Err(Error::new(ErrorKind::Io, "a fetch thread panicked"))
-                    })
-                })
-                .collect::<Result<_>>()
-        })?;
-        // The fetched bytes of stored container `stored` holding `offset..offset + len`.
-        let find = |stored: usize, offset: u64, len: u64| -> Result<Bytes> {
-            let slot = merged.iter().position(|(s, _)| *s == stored);
-            let found = slot.and_then(|slot| {
-                let runs = &merged[slot].1;
-                let i = runs.partition_point(|r| r.end <= offset);
-                let run = runs.get(i)?;
-                let bytes = fetched[slot].get(i)?;
-                let from = usize::try_from(offset.checked_sub(run.start)?).ok()?;
-                bytes.view(from, from + len as usize).ok()
-            });
-            found.ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Io,
-                    "a batched read returned other lengths than asked",
-                )
-                .with_key(&self.stored[stored].0)
-            })
+        let fetch = |stored: usize, runs: &[Range<u64>]| {
+            let (key, source) = &self.stored[stored];
+            source.fetch(runs).map_err(|e| e.with_key(key))
         };
-        let mut out: Vec<Option<Bytes>> = vec![None; ranges.len()];
+        let fetched: BTreeMap<usize, Vec<Bytes>> = if asked.len() == 1 {
+            asked
+                .iter()
+                .map(|(&stored, runs)| Ok((stored, fetch(stored, runs)?)))
+                .collect::<Result<_>>()?
+        } else {
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = asked
+                    .iter()
+                    .map(|(&stored, runs)| (stored, scope.spawn(move || fetch(stored, runs))))
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|(stored, worker)| {
+                        let bytes = worker.join().unwrap_or_else(|_| {
+                            Err(Error::new(ErrorKind::Io, "a fetch thread panicked"))
+                        })?;
+                        Ok((stored, bytes))
+                    })
+                    .collect::<Result<_>>()
+            })?
+        };
+        let piece = |i: usize| -> Result<&Bytes> {
+            let part = &parts[i];
+            fetched
+                .get(&part.stored)
+                .and_then(|bytes| bytes.get(slots[i]))
+                .filter(|bytes| bytes.len() as u64 == part.len)
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Io,
+                        "a batched read returned other lengths than asked",
+                    )
+                    .with_key(&self.stored[part.stored].0)
+                })
+        };
+        let mut out: Vec<Bytes> = Vec::with_capacity(ranges.len());
         let mut i = 0;
-        while i < parts.len() {
-            let first = &parts[i];
-            let count = parts[i..].iter().take_while(|p| p.out == first.out).count();
-            let range = &ranges[first.out];
+        for (index, range) in ranges.iter().enumerate() {
+            let count = parts[i..].iter().take_while(|p| p.out == index).count();
             if count == 1 {
-                out[first.out] = Some(find(first.stored, first.offset, first.len)?);
+                out.push(piece(i)?.clone());
             } else {
                 let len = usize::try_from(range.end - range.start).map_err(|_| {
                     Error::new(ErrorKind::OutOfRange, "range does not fit in memory")
                 })?;
                 let mut joined = Bytes::zeroed(len, 64)?;
                 let target = joined.make_mut()?;
-                for part in &parts[i..i + count] {
-                    let piece = find(part.stored, part.offset, part.len)?;
+                for (j, part) in parts.iter().enumerate().skip(i).take(count) {
                     let to = part.to as usize;
-                    target[to..to + part.len as usize]
-                        .copy_from_slice(piece.read(weightbay::AccessPolicy::AllowCopy)?);
+                    let bytes = piece(j)?.read(AccessPolicy::AllowCopy)?;
+                    target[to..to + bytes.len()].copy_from_slice(bytes);
                 }
-                out[first.out] = Some(joined);
+                out.push(joined);
             }
             i += count;
         }
-        Ok(out
-            .into_iter()
-            .map(|bytes| bytes.unwrap_or_else(|| Bytes::from(Vec::new())))
-            .collect())
+        Ok(out)
     }
 
     fn fetch_ahead(&self) -> u64 {

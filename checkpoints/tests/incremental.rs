@@ -48,6 +48,16 @@ fn contents(checkpoints: &Checkpoints, step: u64) -> BTreeMap<String, Vec<u8>> {
         .collect()
 }
 
+/// Every key stored under `prefix`.
+fn keys_under(storage: &MemoryStorage, prefix: &str) -> Vec<String> {
+    storage
+        .list(prefix)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key)
+        .collect()
+}
+
 fn expected(tensors: &[Tensor]) -> BTreeMap<String, Vec<u8>> {
     tensors
         .iter()
@@ -163,12 +173,7 @@ fn retention_and_gc_keep_every_container_a_kept_checkpoint_refers_to() {
     }
     assert_eq!(checkpoints.steps().unwrap(), [5, 6]);
     // Step 1's record is gone, its container stays: steps 5 and 6 refer to its t0.
-    let keys: Vec<String> = storage
-        .list("run")
-        .unwrap()
-        .into_iter()
-        .map(|l| l.key)
-        .collect();
+    let keys = keys_under(&storage, "run");
     assert!(
         keys.iter()
             .any(|k| k.starts_with("run/step-1/") && k.ends_with("model.bpk")),
@@ -185,12 +190,7 @@ fn retention_and_gc_keep_every_container_a_kept_checkpoint_refers_to() {
         .unwrap();
     checkpoints.retain(&Retention::keep_last(1)).unwrap();
     checkpoints.gc().unwrap();
-    let keys: Vec<String> = storage
-        .list("run")
-        .unwrap()
-        .into_iter()
-        .map(|l| l.key)
-        .collect();
+    let keys = keys_under(&storage, "run");
     assert!(
         keys.iter()
             .all(|k| k.starts_with("run/step-7/") || k.starts_with("run/refs/")),
@@ -355,7 +355,7 @@ fn a_pass_that_deletes_a_save_s_base_while_it_uploads_keeps_what_the_save_refers
     let report = checkpoints.gc().unwrap();
     assert!(
         report
-            .orphans
+            .spent
             .iter()
             .any(|k| k.starts_with("run/refs/step-3-")),
         "{report:?}"
@@ -394,13 +394,7 @@ fn an_announcement_protects_until_its_lease_runs_out_and_a_save_must_commit_with
         )
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Io, "{error}");
-    let announcements = |report: weightbay_checkpoints::GcReport| {
-        report
-            .orphans
-            .into_iter()
-            .filter(|k| k.starts_with("run/refs/"))
-            .count()
-    };
+    let announcements = |report: weightbay_checkpoints::GcReport| report.spent.len();
     assert_eq!(announcements(checkpoints.gc_plan().unwrap()), 0);
     let expired = Checkpoints::over(storage, "run").with_reference_lease(Duration::ZERO);
     assert_eq!(announcements(expired.gc_plan().unwrap()), 1);

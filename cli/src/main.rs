@@ -76,8 +76,15 @@ enum Command {
         /// Of a checkpoint prefix, every complete checkpoint not yet at the destination.
         #[arg(long)]
         all: bool,
+        /// Of a checkpoint prefix, write the checkpoint (the latest, or `--step`) as one
+        /// self-contained container at the destination, in its extension's format, that any
+        /// tool reads: an incremental checkpoint's pieces gathered from every checkpoint they
+        /// lie in.
+        #[arg(long, conflicts_with = "all")]
+        materialize: bool,
     },
-    /// List the checkpoints under a prefix: step, time, size, format, and whether complete.
+    /// List the checkpoints under a prefix: step, time, bytes stored, bytes of earlier
+    /// checkpoints referred to (incremental saves), format, and whether complete.
     Ls {
         /// Path or URL of the checkpoint prefix.
         url: String,
@@ -244,17 +251,25 @@ fn run(command: Command) -> Result<ExitCode> {
             no_clobber,
             step,
             all,
+            materialize,
         } => {
             let (from, to) = (locate(&src)?, locate(&dst)?);
-            if let Target::Checkpoints(source) = resolve(&from)? {
-                let steps = target::chosen(&source, step, all)?;
-                return copy_checkpoints(&source, &to, &steps, &dst);
-            }
             let mode = if no_clobber {
                 WriteMode::CreateNew
             } else {
                 WriteMode::Overwrite
             };
+            if let Target::Checkpoints(source) = resolve(&from)? {
+                let steps = target::chosen(&source, step, all)?;
+                if materialize {
+                    let format = format.map(|f| match f {
+                        FormatArg::Burnpack => Format::Burnpack,
+                        FormatArg::Safetensors => Format::Safetensors,
+                    });
+                    return materialize_checkpoint(&source, steps[0], &to, format, mode, &dst);
+                }
+                return copy_checkpoints(&source, &to, &steps, &dst);
+            }
             let ((tensors, len), format) = restarting(&src, || {
                 let became_prefix = || {
                     weightbay::Error::new(
@@ -331,6 +346,12 @@ fn run(command: Command) -> Result<ExitCode> {
             }
             for orphan in &report.orphans {
                 println!("{verb} {orphan} (no commit record names it)");
+            }
+            for spent in &report.spent {
+                println!("{verb} {spent} (an announcement whose save committed, or expired)");
+            }
+            for (key, why) in &report.kept {
+                println!("keeping {key} ({why})");
             }
             eprintln!(
                 "{verb} {} checkpoints, {} stray containers and {} unfinished writes",
@@ -474,6 +495,33 @@ fn copy_bytes(source: &dyn weightbay::Source, to: &Location, mode: WriteMode) ->
     Ok(source.len())
 }
 
+/// Writes the one container of `step` under `source` to `to`, whole: byte for byte when the
+/// format stays, converted otherwise.
+fn materialize_checkpoint(
+    source: &Checkpoints,
+    step: u64,
+    to: &Location,
+    format: Option<Format>,
+    mode: WriteMode,
+    dst: &str,
+) -> Result<ExitCode> {
+    let reader = source.open(step)?.reader()?;
+    let format = format
+        .or_else(|| Format::from_file_name(to.file_name()))
+        .unwrap_or(reader.format());
+    let len = if format == reader.format() {
+        copy_bytes(reader.source().as_ref(), to, mode)?
+    } else {
+        let writer = reader.to_writer().with_format(format).with_mode(mode);
+        let storage = progress::Counting::new(Arc::clone(&to.storage), writer.size()?);
+        let summary = writer.write_to(&storage, &to.key)?;
+        storage.finish();
+        summary.len
+    };
+    eprintln!("wrote checkpoint step {step} whole, {len} bytes, as {format}, to {dst}");
+    Ok(ExitCode::SUCCESS)
+}
+
 fn copy_checkpoints(
     source: &Checkpoints,
     to: &Location,
@@ -487,7 +535,12 @@ fn copy_checkpoints(
     };
     for &step in steps {
         let checkpoint = source.open(step)?;
-        let total = checkpoint.record().containers.iter().map(|c| c.len).sum();
+        let record = checkpoint.record();
+        // An incremental checkpoint arrives whole: its pieces' bytes.
+        let total = record
+            .pieces
+            .as_ref()
+            .map_or_else(|| record.containers.iter().map(|c| c.len).sum(), |p| p.len);
         let counting = Arc::new(progress::Counting::new(Arc::clone(&to.storage), total));
         let destination = Checkpoints::over(
             Arc::clone(&counting) as Arc<dyn weightbay::Storage>,
@@ -513,17 +566,23 @@ fn copy_checkpoints(
 /// ranks are still writing (or died) shows which ranks' manifests are missing.
 fn ls_table(statuses: &[StepStatus]) -> String {
     let mut out = format!(
-        "{:>12}  {:<23}  {:>14}  {:<11}  {:>10}  {:>5}  state\n",
-        "step", "time", "bytes", "format", "containers", "ranks"
+        "{:>12}  {:<23}  {:>14}  {:>14}  {:<11}  {:>10}  {:>5}  state\n",
+        "step", "time", "bytes", "refers to", "format", "containers", "ranks"
     );
     for status in statuses {
-        let (time, format, containers) = match &status.record {
+        let (time, format, containers, refers) = match &status.record {
             Some(record) => (
                 target::utc(record.time_unix_ms),
                 record.format.clone(),
                 record.containers.len().to_string(),
+                record.references().values().sum::<u64>().to_string(),
             ),
-            None => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+            None => (
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+            ),
         };
         let ranks = match (&status.record, &status.ranks) {
             (Some(record), _) => record.world_size.map(|w| w.to_string()),
@@ -572,7 +631,7 @@ fn ls_table(statuses: &[StepStatus]) -> String {
             }
         };
         out += &format!(
-            "{:>12}  {time:<23}  {:>14}  {format:<11}  {containers:>10}  {:>5}  {state}\n",
+            "{:>12}  {time:<23}  {:>14}  {refers:>14}  {format:<11}  {containers:>10}  {:>5}  {state}\n",
             status.step,
             status.stored_bytes,
             ranks.as_deref().unwrap_or("-")

@@ -93,10 +93,18 @@ pub(crate) fn chosen(checkpoints: &Checkpoints, step: Option<u64>, all: bool) ->
     }
 }
 
-/// The one container of `checkpoint` or its shards, opened, by key.
+/// The one container of `checkpoint` or its shards, opened, by key (an incremental
+/// checkpoint's under its pieces' name).
 pub(crate) fn containers(checkpoint: &Checkpoint) -> Result<Vec<(String, Reader)>> {
     let record = checkpoint.record();
     let dir = checkpoint.dir();
+    // An incremental checkpoint's container is its pieces, wherever they lie.
+    if let Some(pieces) = &record.pieces {
+        return Ok(vec![(
+            format!("{dir}/{}", pieces.name),
+            checkpoint.reader()?,
+        )]);
+    }
     record
         .containers
         .iter()

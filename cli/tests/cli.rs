@@ -657,3 +657,55 @@ fn commands_work_on_the_s3_and_azure_servers() {
         );
     }
 }
+
+/// Incremental checkpoints on the command line: `ls` shows what each stored and refers to,
+/// `verify` follows the references, `gc --dry-run` says which step keeps a retired
+/// checkpoint's container, and `cp --materialize` writes one self-contained container.
+#[test]
+fn incremental_checkpoints_list_verify_gc_and_materialize() {
+    use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = Checkpoints::new(weightbay_local::LocalStorage::new(dir.path()), "run");
+    let frozen = Tensor::new("frozen", DType::U8, [1 << 20], vec![7u8; 1 << 20]);
+    for step in [1, 2, 3] {
+        let adapter = Tensor::new("adapter", DType::U8, [4096], vec![step as u8; 4096]);
+        let writer = Writer::new(vec![frozen.clone(), adapter]);
+        checkpoints
+            .save_with(step, writer, SaveOptions::incremental())
+            .unwrap();
+    }
+    checkpoints.retain(&Retention::keep_last(2)).unwrap();
+    let run = dir.path().join("run");
+    let run = run.to_str().unwrap();
+    let output = weightbay(&["ls", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains("refers to"), "{stdout}");
+    // step, date, time, UTC, bytes, refers to, …: each increment refers to the frozen MiB.
+    let refers: Vec<u64> = stdout
+        .lines()
+        .filter(|line| line.ends_with("complete"))
+        .map(|line| line.split_whitespace().nth(5).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(refers.len(), 2, "{stdout}");
+    assert!(refers.iter().all(|&r| r >= 1 << 20), "{stdout}");
+    let output = weightbay(&["verify", "--all", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert_eq!(stdout.matches("ok: step").count(), 2, "{stdout}");
+    let output = weightbay(&["gc", "--dry-run", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("keeping") && stdout.contains("refers to it)"),
+        "{stdout}"
+    );
+    let whole = dir.path().join("whole.safetensors");
+    let output = weightbay(&["cp", "--materialize", run, whole.to_str().unwrap()]);
+    let (_, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    let reader = weightbay::Reader::from_bytes(std::fs::read(&whole).unwrap()).unwrap();
+    assert_eq!(reader.format(), Format::Safetensors);
+    assert_eq!(reader.read("frozen").unwrap(), vec![7u8; 1 << 20]);
+    assert_eq!(reader.read("adapter").unwrap(), vec![3u8; 4096]);
+}

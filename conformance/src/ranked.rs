@@ -2,6 +2,7 @@
 //! rank and every other layout must find: what the multi-rank case, the multi-process tests
 //! and the benchmarks share.
 
+use crate::strategies::noise;
 use weightbay::{Bytes, DType, Tensor, Writer};
 use weightbay_checkpoints::{RankSave, Region};
 
@@ -66,7 +67,7 @@ impl SlicedModel {
                         dtype: dtype.clone(),
                         shape: shape.to_vec(),
                         split,
-                        bytes: filler(step.wrapping_mul(131).wrapping_add(i as u64), len as usize),
+                        bytes: noise(step.wrapping_mul(131).wrapping_add(i as u64), len as usize),
                     }
                 })
                 .collect(),
@@ -165,19 +166,4 @@ impl SlicedModel {
             }
         }
     }
-}
-
-/// `len` bytes from a small xorshift generator seeded by `seed`: cheap, and different for
-/// every tensor and step.
-fn filler(seed: u64, len: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        out.extend_from_slice(&state.to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }

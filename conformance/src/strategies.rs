@@ -191,3 +191,19 @@ pub fn sample(sizes: &[usize], fill: u8) -> ContainerSpec {
         trailer: true,
     }
 }
+
+/// `len` bytes from a small xorshift generator seeded by `seed`: cheap, and different for
+/// every seed, so no two chunks of a tensor, nor two tensors, hold the same bytes by accident
+/// (constant-filled data would let content hashing find any chunk anywhere).
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}

@@ -64,6 +64,8 @@ pub struct Writer {
     limits: Limits,
     cancel: Option<Arc<AtomicBool>>,
     deadline: Option<Instant>,
+    /// The CRC32C of some tensors' bytes, by index, as the caller knows them.
+    known_crcs: BTreeMap<usize, u32>,
 }
 
 impl Writer {
@@ -81,6 +83,7 @@ impl Writer {
             limits: Limits::default(),
             cancel: None,
             deadline: None,
+            known_crcs: BTreeMap::new(),
         }
     }
 
@@ -209,7 +212,19 @@ impl Writer {
             limits: self.limits,
             cancel: self.cancel.clone(),
             deadline: self.deadline,
+            // Indices are of these tensors, not of the ones the CRCs were known for.
+            known_crcs: BTreeMap::new(),
         }
+    }
+
+    /// The CRC32C of the bytes of tensor `index` (in writer order), as the caller knows it
+    /// already (from a commit record of the same bytes, say): the integrity trailer takes it
+    /// instead of summing the bytes again. A wrong value makes a container whose
+    /// [`Reader::verify`](crate::Reader::verify) fails; it cannot make wrong bytes.
+    #[must_use]
+    pub fn with_known_crc32c(mut self, index: usize, crc32c: u32) -> Self {
+        self.known_crcs.insert(index, crc32c);
+        self
     }
 
     /// The exact length of the container, computed without producing any tensor.
@@ -387,12 +402,16 @@ impl Writer {
             0
         });
         let mut position = 0;
-        for (tensor, &start) in self.tensors.iter().zip(&plan.starts) {
+        for (index, (tensor, &start)) in self.tensors.iter().zip(&plan.starts).enumerate() {
             out.pad(start - position)?;
+            let known = self.known_crcs.get(&index).copied();
+            out.sum_next(known.is_none());
             write_tensor(&mut out, tensor).map_err(|e| e.with_tensor(tensor.name()))?;
             position = start + tensor.byte_len();
-            crcs.push(out.take_crc());
+            let crc = out.take_crc();
+            crcs.push(known.unwrap_or(crc));
         }
+        out.sum_next(true);
         if plan.trailer_len > 0 {
             out.write(&trailer::encode(prefix_crc, &crcs)?)?;
         }
@@ -507,6 +526,8 @@ struct Emitter<'a> {
     stop: Stop<'a>,
     buffer: Vec<u8>,
     checksums: bool,
+    /// Whether the bytes being written now are summed (see [`Emitter::sum_next`]).
+    summing: bool,
     crc: u32,
 }
 
@@ -518,12 +539,20 @@ impl<'a> Emitter<'a> {
             // Grown on demand: a checkpoint of large tensors only ever buffers its header.
             buffer: Vec::new(),
             checksums,
+            summing: true,
             crc: 0,
         }
     }
 
     fn take_crc(&mut self) -> u32 {
         std::mem::take(&mut self.crc)
+    }
+
+    /// Whether the bytes written next are summed (when the container has a trailer at all):
+    /// not those of a tensor whose CRC32C the caller knows. Buffered bytes were summed when
+    /// they were written, so switching never mixes two tensors' sums.
+    fn sum_next(&mut self, sum: bool) {
+        self.summing = sum;
     }
 
     fn write(&mut self, data: &[u8]) -> Result<()> {
@@ -536,7 +565,7 @@ impl<'a> Emitter<'a> {
             return Ok(());
         }
         self.flush()?;
-        if !self.checksums || data.len() < CHECKSUM_IN_PARALLEL_FROM {
+        if !(self.checksums && self.summing) || data.len() < CHECKSUM_IN_PARALLEL_FROM {
             self.checksum(data);
             for chunk in data.chunks(WRITE_CHUNK_LEN) {
                 self.stop.check("the next write")?;
@@ -561,7 +590,7 @@ impl<'a> Emitter<'a> {
     }
 
     fn checksum(&mut self, data: &[u8]) {
-        if self.checksums {
+        if self.checksums && self.summing {
             self.crc = checksum::crc32c_append(self.crc, data);
         }
     }

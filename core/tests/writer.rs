@@ -378,3 +378,32 @@ fn typed_reads_check_the_dtype() {
     assert_eq!(error.kind(), ErrorKind::InvalidInput);
     assert_eq!(error.tensor(), Some("f"));
 }
+
+#[test]
+fn tensor_ranges_are_where_the_tensors_land_and_known_crcs_go_into_the_trailer() {
+    let tensors = vec![
+        Tensor::new("a", DType::U8, [300], vec![1u8; 300]),
+        Tensor::new("b", DType::U8, [5], vec![2u8; 5]),
+    ];
+    let writer = Writer::new(tensors.clone());
+    let ranges = writer.tensor_ranges().unwrap();
+    let bytes = writer.into_bytes().unwrap();
+    let reader = Reader::from_bytes(bytes.clone()).unwrap();
+    for (info, range) in reader.tensors().iter().zip(&ranges) {
+        assert_eq!(info.range(), *range, "{}", info.name());
+    }
+    reader.verify().unwrap();
+    // The right CRC32C, known: the same container. A wrong one: a container verify rejects.
+    let right = weightbay::checksum::crc32c(&[1u8; 300]);
+    let known = Writer::new(tensors.clone())
+        .with_known_crc32c(0, right)
+        .into_bytes()
+        .unwrap();
+    assert_eq!(known, bytes);
+    let wrong = Writer::new(tensors)
+        .with_known_crc32c(0, right ^ 1)
+        .into_bytes()
+        .unwrap();
+    let error = Reader::from_bytes(wrong).unwrap().verify().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
+}

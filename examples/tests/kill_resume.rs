@@ -1,6 +1,7 @@
 //! The training loop of `train-resume`, killed with SIGKILL at random moments and started
 //! again, ends with the same weights as a run never interrupted: on object_store's local files
-//! always, and on the S3 server (moto) when one runs.
+//! always, and on the S3 server (moto) when one runs; saving incrementally too, with a gc loop
+//! and a reader checking every newest checkpoint running beside it.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
@@ -16,8 +17,8 @@ const PROGRAM: &str = env!("CARGO_BIN_EXE_train-resume");
 
 /// Runs the loop to its end at `url` and returns what it printed, and what it said on
 /// standard error.
-fn run_to_end(url: &str) -> (String, String) {
-    let output = Command::new(PROGRAM).arg(url).output().unwrap();
+fn run_to_end(url: &str, args: &[&str]) -> (String, String) {
+    let output = Command::new(PROGRAM).arg(url).args(args).output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
     (String::from_utf8(output.stdout).unwrap(), stderr)
@@ -59,28 +60,80 @@ fn kill_repeatedly(
     kills
 }
 
-/// Kills the loop at random moments until it finishes on its own (or 40 kills landed), then
-/// runs it to its end and checks its result against an uninterrupted run's.
-fn killed_and_resumed(base: &str) {
-    let (reference, _) = run_to_end(&format!("{base}/reference"));
+/// Kills the loop (run with `args`) at random moments until it finishes on its own (or 40
+/// kills landed), then runs it to its end and checks its result against an uninterrupted
+/// run's.
+fn killed_and_resumed(base: &str, args: &[&str]) {
+    let (reference, _) = run_to_end(&format!("{base}/reference"), args);
     let mut moments = Moments::from_env();
     let url = format!("{base}/killed");
-    let kills = kill_repeatedly(&url, &[], 40, 300, &mut moments);
+    let kills = kill_repeatedly(&url, args, 40, 300, &mut moments);
     assert!(
         kills > 0,
         "no kill landed: the loop ends before the first moment"
     );
-    let (resumed, said) = run_to_end(&url);
+    let (resumed, said) = run_to_end(&url, args);
     assert_eq!(resumed, reference, "after {kills} kills");
     // It went on from a checkpoint the killed runs left, not from the start.
     assert!(said.contains("resumed from step"), "{said}");
     eprintln!("{base}: {kills} kills, then {resumed}");
 }
 
+/// As [`killed_and_resumed`], saving incrementally, while this process runs gc over the
+/// same prefix again and again and checks every newest checkpoint it finds: complete means
+/// every byte it refers to is there and matches its record.
+fn killed_and_resumed_incrementally_beside_gc(base: &str) {
+    let args = ["--incremental"];
+    let (reference, _) = run_to_end(&format!("{base}/reference"), &args);
+    let url = format!("{base}/killed");
+    let location = weightbay_object_store::Location::parse(&url).unwrap();
+    let checkpoints = Checkpoints::over(Arc::clone(&location.storage), location.key.clone());
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (kills, checked) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let mut checked = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                checkpoints.gc().unwrap();
+                if let Some(latest) = checkpoints.latest().unwrap() {
+                    // Gone meanwhile (retention) is fine; wrong or missing bytes are not.
+                    match latest.verify() {
+                        Ok(_) => checked += 1,
+                        Err(e) => {
+                            let gone = matches!(
+                                checkpoints.open(latest.step()),
+                                Err(e) if e.kind() == weightbay::ErrorKind::NotFound
+                            );
+                            assert!(gone, "step {} is complete but: {e}", latest.step());
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            checked
+        });
+        let mut moments = Moments::from_env();
+        let kills = kill_repeatedly(&url, &args, 40, 300, &mut moments);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (kills, watcher.join().unwrap())
+    });
+    assert!(kills > 0, "no kill landed");
+    let (resumed, said) = run_to_end(&url, &args);
+    assert_eq!(resumed, reference, "after {kills} kills");
+    assert!(said.contains("resumed from step"), "{said}");
+    let latest = checkpoints.latest().unwrap().unwrap();
+    assert!(
+        latest.referenced_bytes() > 0,
+        "the last save refers to nothing"
+    );
+    eprintln!(
+        "{base}: {kills} kills, {checked} newest checkpoints verified beside gc, then {resumed}"
+    );
+}
+
 #[test]
 fn killed_at_random_moments_it_resumes_to_the_same_weights_on_local_files() {
     let dir = tempfile::tempdir().unwrap();
-    killed_and_resumed(&format!("file://{}", dir.path().display()));
+    killed_and_resumed(&format!("file://{}", dir.path().display()), &[]);
 }
 
 #[test]
@@ -89,7 +142,24 @@ fn killed_at_random_moments_it_resumes_to_the_same_weights_on_the_s3_server() {
         return;
     };
     let run = format!("{url}/kill-resume-{}", std::process::id());
-    killed_and_resumed(&run);
+    killed_and_resumed(&run, &[]);
+}
+
+#[test]
+fn saving_incrementally_beside_a_gc_loop_and_killed_it_resumes_to_the_same_weights_on_local_files()
+{
+    let dir = tempfile::tempdir().unwrap();
+    killed_and_resumed_incrementally_beside_gc(&format!("file://{}", dir.path().display()));
+}
+
+#[test]
+fn saving_incrementally_beside_a_gc_loop_and_killed_it_resumes_to_the_same_weights_on_the_s3_server()
+ {
+    let Some(url) = weightbay_conformance::s3_url() else {
+        return;
+    };
+    let run = format!("{url}/kill-resume-incremental-{}", std::process::id());
+    killed_and_resumed_incrementally_beside_gc(&run);
 }
 
 #[test]
@@ -98,7 +168,7 @@ fn killed_at_random_moments_it_resumes_to_the_same_weights_on_azurite() {
         return;
     };
     let run = format!("{url}/kill-resume-{}", std::process::id());
-    killed_and_resumed(&run);
+    killed_and_resumed(&run, &[]);
 }
 
 #[test]

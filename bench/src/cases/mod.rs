@@ -5,6 +5,7 @@ pub(crate) mod candle;
 pub(crate) mod cold_start;
 pub(crate) mod encode;
 pub(crate) mod faults;
+pub(crate) mod incremental;
 pub(crate) mod lifecycle;
 pub(crate) mod load;
 pub(crate) mod object_store;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use weightbay::{DType, Storage, Tensor, Writer};
+use weightbay::{DType, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions, StepState};
 
 use crate::support::{Outcome, fail};
@@ -120,33 +120,31 @@ pub fn incremental_chains_survive_faults_and_gc<H: Harness>(harness: &H, case: &
         }
     }
     check_all(&checkpoints, 3, case, "after three saves");
-    for fail_at in 1.. {
-        let faulty: Arc<dyn Storage> =
-            Arc::new(Faulty::failing_at(harness.reopen(&storage), fail_at));
-        let result =
-            Checkpoints::over(faulty, PREFIX).save_with(4, Writer::new(model(4)), options());
-        let context = format!("a save failing at operation {fail_at}");
-        match result {
-            Ok(_) => break,
-            Err(e) if !is_injected(&e) => fail!(case, "{context} failed with its own error: {e}"),
-            Err(_) => check_all(&checkpoints, 3, case, &context),
-        }
-    }
+    let failing_at_each_operation =
+        |what: &str, newest: u64, run: &dyn Fn(Checkpoints) -> Result<()>| {
+            for fail_at in 1.. {
+                let faulty: Arc<dyn Storage> =
+                    Arc::new(Faulty::failing_at(harness.reopen(&storage), fail_at));
+                let context = format!("{what} failing at operation {fail_at}");
+                match run(Checkpoints::over(faulty, PREFIX)) {
+                    Ok(()) => break,
+                    Err(e) if !is_injected(&e) => {
+                        fail!(case, "{context} failed with its own error: {e}")
+                    }
+                    Err(_) => check_all(&checkpoints, newest, case, &context),
+                }
+            }
+        };
+    failing_at_each_operation("a save", 3, &|faulty| {
+        faulty
+            .save_with(4, Writer::new(model(4)), options())
+            .map(drop)
+    });
     check_all(&checkpoints, 4, case, "after step 4 saved");
-    for fail_at in 1.. {
-        let faulty: Arc<dyn Storage> =
-            Arc::new(Faulty::failing_at(harness.reopen(&storage), fail_at));
-        let faulty = Checkpoints::over(faulty, PREFIX);
-        let result = faulty
-            .retain(&Retention::keep_last(1))
-            .and_then(|_| faulty.gc());
-        let context = format!("retention and gc failing at operation {fail_at}");
-        match result {
-            Ok(_) => break,
-            Err(e) if !is_injected(&e) => fail!(case, "{context} failed with its own error: {e}"),
-            Err(_) => check_all(&checkpoints, 4, case, &context),
-        }
-    }
+    failing_at_each_operation("retention and gc", 4, &|faulty| {
+        faulty.retain(&Retention::keep_last(1))?;
+        faulty.gc().map(drop)
+    });
     check_all(&checkpoints, 4, case, "after retention and gc");
     // Only step 4 is kept: every key left is its own, one it refers to, or an announcement.
     let kept = checkpoints

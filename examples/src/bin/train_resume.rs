@@ -2,7 +2,7 @@
 //! the newest complete checkpoint after a crash.
 //!
 //! ```sh
-//! train-resume s3://bucket/runs/toy --steps 120 --every 10 [--layer-mib 1]
+//! train-resume s3://bucket/runs/toy --steps 120 --every 10 [--layer-mib 1] [--incremental]
 //! ```
 //!
 //! Each step updates the weights deterministically; every `--every` steps a checkpoint of the
@@ -11,6 +11,10 @@
 //! it ends with the same weights as a run that was never interrupted. It prints the CRC32C of
 //! the last checkpoint's container (from its commit record, after verifying every byte against
 //! it): equal weights, equal bytes.
+//!
+//! With `--incremental` the model also holds a frozen embedding twice a layer's size that
+//! training never changes, and every checkpoint is saved incrementally: only the trained
+//! layers are written, the embedding's bytes are referred to in the chain's first checkpoint.
 
 use std::process::ExitCode;
 
@@ -26,15 +30,23 @@ struct Args {
     steps: u64,
     every: u64,
     layer_mib: u64,
+    incremental: bool,
 }
+
+/// The frozen tensor of `--incremental` runs.
+const FROZEN: &str = "embedding.weight";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = std::env::args().skip(1);
     let url = args
         .next()
-        .ok_or("usage: train-resume URL [--steps N] [--every K] [--layer-mib M]")?;
-    let (mut steps, mut every, mut layer_mib) = (120, 10, 1);
+        .ok_or("usage: train-resume URL [--steps N] [--every K] [--layer-mib M] [--incremental]")?;
+    let (mut steps, mut every, mut layer_mib, mut incremental) = (120, 10, 1, false);
     while let Some(flag) = args.next() {
+        if flag == "--incremental" {
+            incremental = true;
+            continue;
+        }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
         let value: u64 = value.parse().map_err(|_| format!("{flag}: not a number"))?;
         match flag.as_str() {
@@ -49,6 +61,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         steps,
         every,
         layer_mib,
+        incremental,
     })
 }
 
@@ -63,11 +76,12 @@ fn train_step(step: u64, weights: &mut [Vec<f32>]) {
     }
 }
 
-fn as_tensors(weights: &[Vec<f32>]) -> Vec<Tensor> {
+fn as_tensors(weights: &[Vec<f32>], frozen: Option<&Tensor>) -> Vec<Tensor> {
     LAYERS
         .iter()
         .zip(weights)
         .map(|(name, layer)| Tensor::from_slice(*name, [layer.len() as u64], layer))
+        .chain(frozen.cloned())
         .collect()
 }
 
@@ -91,6 +105,16 @@ fn run(args: &Args) -> Result<u32> {
             (0, vec![vec![0.0f32; layer_len]; LAYERS.len()])
         }
     };
+    let frozen = args.incremental.then(|| {
+        let len = weights[0].len() * 2;
+        let values: Vec<f32> = (0..len).map(|i| (i % 101) as f32 * 0.01).collect();
+        Tensor::from_slice(FROZEN, [len as u64], &values)
+    });
+    let options = if args.incremental {
+        SaveOptions::incremental()
+    } else {
+        SaveOptions::default()
+    };
     let mut saving: Option<SaveHandle> = None;
     while step < args.steps {
         step += 1;
@@ -100,8 +124,9 @@ fn run(args: &Args) -> Result<u32> {
             if let Some(handle) = saving.take() {
                 handle.wait()?;
             }
-            let writer = Writer::new(as_tensors(&weights)).with_scalar("step", step);
-            saving = Some(checkpoints.save_in_background(step, writer, SaveOptions::default())?);
+            let writer =
+                Writer::new(as_tensors(&weights, frozen.as_ref())).with_scalar("step", step);
+            saving = Some(checkpoints.save_in_background(step, writer, options.clone())?);
             checkpoints.retain(&Retention::keep_last(3))?;
         }
     }
@@ -114,7 +139,12 @@ fn run(args: &Args) -> Result<u32> {
         .latest()?
         .ok_or_else(|| weightbay::Error::invalid("no checkpoint after training"))?;
     latest.verify()?;
-    Ok(latest.record().containers[0].crc32c)
+    let record = latest.record();
+    // An incremental checkpoint's container is its pieces: their CRC32C is the whole one's.
+    Ok(record
+        .pieces
+        .as_ref()
+        .map_or(record.containers[0].crc32c, |pieces| pieces.crc32c))
 }
 
 fn main() -> ExitCode {
