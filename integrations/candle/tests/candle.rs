@@ -296,3 +296,34 @@ fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
         "{batched} requests prefetched, {one_by_one} one by one"
     );
 }
+
+/// A model saved incrementally (only the changed layer written, the rest referred to in the
+/// first checkpoint) builds from the checkpoint exactly as from a full save.
+#[test]
+fn a_model_builds_from_an_incremental_checkpoint_as_from_a_full_one() {
+    use weightbay_checkpoints::{Checkpoints, SaveOptions};
+    let (varmap, model) = trained();
+    let scratch = weightbay::MemoryStorage::new();
+    let checkpoints = Checkpoints::new(weightbay::MemoryStorage::new(), "run");
+    let save = |step| {
+        save_var_map(&varmap, Format::Burnpack, &scratch, "model.bpk").unwrap();
+        let writer = Reader::open_key(&scratch, "model.bpk").unwrap().to_writer();
+        checkpoints
+            .save_with(step, writer, SaveOptions::incremental())
+            .unwrap()
+    };
+    save(1);
+    // Fine-tuning the head: one bias changes; `model` shares the variable, so it sees it.
+    let bias = Tensor::ones(32, DType::F32, &Device::Cpu).unwrap();
+    varmap.data().lock().unwrap()["down.bias"]
+        .set(&bias)
+        .unwrap();
+    let record = save(2);
+    let referred: u64 = record.references().values().sum();
+    assert!(
+        referred >= 64 * 256 * 4,
+        "the increment refers to {referred} bytes"
+    );
+    let loaded = through_weightbay(checkpoints.open(2).unwrap().reader().unwrap());
+    assert_eq!(outputs(&loaded), outputs(&model));
+}
