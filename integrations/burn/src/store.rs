@@ -23,8 +23,11 @@ const READ_AHEAD: u64 = 256 << 20;
 /// offers them, as burn's file saves fsync), validation on, partial loads refused; no
 /// integrity trailer, so the bytes equal burn's.
 pub struct WeightbayStore {
-    storage: Arc<dyn Storage>,
+    /// `None` for a store over an opened container ([`from_reader`](Self::from_reader)).
+    storage: Option<Arc<dyn Storage>>,
     key: String,
+    /// The opened container of [`from_reader`](Self::from_reader), until the cache takes it.
+    opened: Option<Reader>,
     format: Format,
     metadata: BTreeMap<String, String>,
     filter: Option<PathFilter>,
@@ -52,8 +55,31 @@ impl WeightbayStore {
     /// The module stored at `key` of `storage`.
     pub fn new(storage: Arc<dyn Storage>, key: impl Into<String>) -> Self {
         Self {
-            storage,
+            storage: Some(storage),
             key: key.into(),
+            ..Self::new_unplaced()
+        }
+    }
+
+    /// A store that loads the module from `reader`, a container already opened: a
+    /// checkpoint's (`Checkpoint::reader` of `weightbay-checkpoints`, an incremental one
+    /// included, whose container is pieces of several) or any other. It only loads: saving
+    /// through it fails with [`ErrorKind::Unsupported`].
+    pub fn from_reader(reader: Reader) -> Self {
+        Self {
+            storage: None,
+            key: "(an opened container)".to_owned(),
+            opened: Some(reader),
+            ..Self::new_unplaced()
+        }
+    }
+
+    /// The settings every store starts from, placed nowhere yet.
+    fn new_unplaced() -> Self {
+        Self {
+            storage: None,
+            key: String::new(),
+            opened: None,
             format: Format::Burnpack,
             metadata: BurnpackStore::default_metadata(),
             filter: None,
@@ -127,7 +153,16 @@ impl WeightbayStore {
     /// burn applies them.
     fn cache(&mut self) -> Result<&BTreeMap<String, StoreTensor>> {
         if self.cache.is_none() {
-            let reader = Reader::open_key(self.storage.as_ref(), &self.key)?;
+            let reader = match (self.opened.take(), &self.storage) {
+                (Some(reader), _) => reader,
+                (None, Some(storage)) => Reader::open_key(storage.as_ref(), &self.key)?,
+                (None, None) => {
+                    return Err(Error::new(
+                        ErrorKind::Io,
+                        "the opened container failed to load before: open it again",
+                    ));
+                }
+            };
             // burn asks for the tensors one at a time as it walks the module: read ahead of
             // it, so the reads (round trips to an object store, copies out of the page cache)
             // overlap burn's own work.
@@ -183,7 +218,13 @@ impl ModuleStore for WeightbayStore {
         if self.format == Format::Burnpack {
             writer = writer.with_trailer(self.trailer);
         }
-        let durable = self.storage.capabilities().durable_commit;
+        let storage = self.storage.as_ref().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                "a store over an opened container only loads: save through WeightbayStore::new",
+            )
+        })?;
+        let durable = storage.capabilities().durable_commit;
         writer = writer.with_durability(self.durability.unwrap_or(if durable {
             Durability::Durable
         } else {
@@ -192,7 +233,7 @@ impl ModuleStore for WeightbayStore {
         for (key, value) in &self.metadata {
             writer = writer.with_metadata(key, value);
         }
-        writer.write_to(self.storage.as_ref(), &self.key).map(drop)
+        writer.write_to(storage.as_ref(), &self.key).map(drop)
     }
 
     fn apply_to<M: ModuleSnapshot>(&mut self, module: &mut M) -> Result<ApplyResult> {

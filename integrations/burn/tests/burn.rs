@@ -208,3 +208,49 @@ fn a_module_from_s3_loads_in_a_few_requests_not_one_per_tensor() {
         2 * LAYERS
     );
 }
+
+/// A module loads from an incremental checkpoint (its container pieces of two checkpoints'
+/// files) through a store over the checkpoint's reader, exactly as saved; such a store does
+/// not save.
+#[test]
+fn a_module_loads_from_an_incremental_checkpoint() {
+    use weightbay_checkpoints::{Checkpoints, SaveOptions};
+    let device = Default::default();
+    let scratch = Arc::new(MemoryStorage::new());
+    let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    let save = |step, model: &Mlp| {
+        model
+            .save_into(&mut WeightbayStore::new(
+                scratch.clone(),
+                format!("{step}.bpk"),
+            ))
+            .unwrap();
+        let writer = weightbay::Reader::open_key(scratch.as_ref(), &format!("{step}.bpk"))
+            .unwrap()
+            .to_writer();
+        checkpoints
+            .save_with(step, writer, SaveOptions::incremental())
+            .unwrap()
+    };
+    let first = Mlp::new(&device);
+    save(1, &first);
+    // Fine-tuning the head: `down` is new, `up` is the first checkpoint's.
+    let second = Mlp {
+        up: first.up,
+        down: LinearConfig::new(256, 32).init(&device),
+    };
+    let record = save(2, &second);
+    let referred: u64 = record.references().values().sum();
+    assert!(
+        referred >= 64 * 256 * 4,
+        "the increment refers to {referred} bytes"
+    );
+    let reader = checkpoints.open(2).unwrap().reader().unwrap();
+    let mut store = WeightbayStore::from_reader(reader);
+    let mut loaded = Mlp::new(&device);
+    let result = loaded.load_from(&mut store).unwrap();
+    assert!(result.is_success(), "{result:?}");
+    assert_eq!(parameters(&loaded), parameters(&second));
+    let error = second.save_into(&mut store).unwrap_err();
+    assert!(error.to_string().contains("only loads"), "{error}");
+}
