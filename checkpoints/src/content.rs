@@ -72,29 +72,21 @@ pub(crate) fn hash_all(pieces: &[&[u8]]) -> Vec<u128> {
     if threads == 1 {
         return pieces.iter().map(|data| xxh3_128(data)).collect();
     }
-    let mut hashes = vec![0u128; pieces.len()];
     // Each thread takes every `threads`-th piece, so the large and small ones spread evenly.
+    let every = |first: usize| -> Vec<(usize, u128)> {
+        (first..pieces.len())
+            .step_by(threads)
+            .map(|i| (i, xxh3_128(pieces[i])))
+            .collect()
+    };
+    let mut hashes = vec![0u128; pieces.len()];
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
-            .map(|first| {
-                scope.spawn(move || {
-                    (first..pieces.len())
-                        .step_by(threads)
-                        .map(|i| (i, xxh3_128(pieces[i])))
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|first| scope.spawn(move || every(first)))
             .collect();
         for (first, worker) in workers.into_iter().enumerate() {
-            // Hashing cannot panic; should a thread have all the same, its pieces are hashed
-            // here.
-            let done = worker.join().unwrap_or_else(|_| {
-                (first..pieces.len())
-                    .step_by(threads)
-                    .map(|i| (i, xxh3_128(pieces[i])))
-                    .collect()
-            });
-            for (i, hash) in done {
+            // Hashing cannot panic; should a thread have all the same, its share is done here.
+            for (i, hash) in worker.join().unwrap_or_else(|_| every(first)) {
                 hashes[i] = hash;
             }
         }

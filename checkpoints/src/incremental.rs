@@ -144,24 +144,32 @@ impl Checkpoints {
 
 /// What an incremental save will write: the container's length, its pieces and what each
 /// will be, and the CRC32C of every tensor the base holds whole.
-pub(crate) struct Plan {
+pub(crate) struct Plan<'a> {
     pub(crate) len: u64,
     pub(crate) cuts: Vec<Cut>,
     pub(crate) decisions: Vec<Decision>,
     pub(crate) known_crcs: BTreeMap<usize, u32>,
+    /// The base's pieces, for the pieces decided as they stream.
+    base: BaseIndex<'a>,
 }
 
 /// The pieces of `writer`'s container and what each will be, given `base`.
-pub(crate) fn plan(writer: &Writer, base: Option<&Pieces>, options: &Incremental) -> Result<Plan> {
+pub(crate) fn plan<'a>(
+    writer: &Writer,
+    base: Option<&'a Pieces>,
+    options: &Incremental,
+) -> Result<Plan<'a>> {
     let len = writer.size()?;
     let cuts = cut(len, &writer.tensor_ranges()?, options.chunk_len);
     let tensors = writer.tensors();
-    let by_hash: HashMap<&str, &PieceRecord> = base
-        .iter()
-        .flat_map(|b| &b.list)
-        .map(|p| (p.xxh3.as_str(), p))
-        .collect();
-    let at = by_position(base);
+    let index = BaseIndex::new(base);
+    // Each tensor's pieces, in order.
+    let mut by_tensor: Vec<Vec<usize>> = vec![Vec::new(); tensors.len()];
+    for (i, piece) in cuts.iter().enumerate() {
+        if let Some((tensor, _)) = &piece.tensor {
+            by_tensor[*tensor].push(i);
+        }
+    }
     let mut by_name: BTreeMap<&str, Vec<&PieceRecord>> = BTreeMap::new();
     for piece in base.iter().flat_map(|b| &b.list) {
         if let Some(name) = &piece.tensor {
@@ -176,9 +184,7 @@ pub(crate) fn plan(writer: &Writer, base: Option<&Pieces>, options: &Incremental
         if !options.unchanged.contains(tensor.name()) {
             continue;
         }
-        let mine: Vec<usize> = (0..cuts.len())
-            .filter(|&i| cuts[i].tensor.as_ref().is_some_and(|(t, _)| *t == index))
-            .collect();
+        let mine = &by_tensor[index];
         let theirs = by_name.get(tensor.name()).map_or(&[][..], Vec::as_slice);
         let same_cut = mine.len() == theirs.len()
             && mine
@@ -232,7 +238,7 @@ pub(crate) fn plan(writer: &Writer, base: Option<&Pieces>, options: &Incremental
             }
             continue;
         }
-        decisions[i] = match find(&at, &by_hash, &cuts[i].range, &text) {
+        decisions[i] = match index.find(&cuts[i].range, &text) {
             Some(piece) => Decision::Reuse(piece.clone()),
             None => Decision::Write(hash),
         };
@@ -240,22 +246,13 @@ pub(crate) fn plan(writer: &Writer, base: Option<&Pieces>, options: &Incremental
     // A tensor all of whose chunks the base holds has its CRC32C in the base's record: the
     // trailer takes it from there instead of summing the bytes again.
     let mut known = BTreeMap::new();
-    for index in 0..tensors.len() {
-        let mut crc = Some(0u32);
-        let mut any = false;
-        for (piece, decision) in cuts.iter().zip(&decisions) {
-            if piece.tensor.as_ref().is_some_and(|(t, _)| *t == index) {
-                any = true;
-                crc = match (crc, decision) {
-                    (Some(crc), Decision::Reuse(base)) => {
-                        Some(crc32c_combine(crc, base.crc32c, base.len as usize))
-                    }
-                    _ => None,
-                };
-            }
-        }
-        if let (true, Some(crc)) = (any, crc) {
-            known.insert(index, crc);
+    for (tensor, pieces) in by_tensor.iter().enumerate() {
+        let crc = pieces.iter().try_fold(0u32, |crc, &i| match &decisions[i] {
+            Decision::Reuse(base) => Some(crc32c_combine(crc, base.crc32c, base.len as usize)),
+            _ => None,
+        });
+        if let (false, Some(crc)) = (pieces.is_empty(), crc) {
+            known.insert(tensor, crc);
         }
     }
     Ok(Plan {
@@ -263,35 +260,44 @@ pub(crate) fn plan(writer: &Writer, base: Option<&Pieces>, options: &Incremental
         cuts,
         decisions,
         known_crcs: known,
+        base: index,
     })
 }
 
-/// The base's pieces by where they start in its container.
-fn by_position(base: Option<&Pieces>) -> HashMap<u64, &PieceRecord> {
-    let mut at = 0;
-    let mut index = HashMap::new();
-    for piece in base.iter().flat_map(|b| &b.list) {
-        index.insert(at, piece);
-        at += piece.len;
-    }
-    index
+/// The base's pieces, found by where they start in its container and by hash.
+struct BaseIndex<'a> {
+    at: HashMap<u64, &'a PieceRecord>,
+    by_hash: HashMap<&'a str, &'a PieceRecord>,
 }
 
-/// The base's piece to refer to for the piece at `range` whose hash is `hash`: the one at the
-/// same place when it holds the same bytes (so an unchanged tensor stays one run of one
-/// container, read as one), else any with the same bytes.
-fn find<'p>(
-    at: &HashMap<u64, &'p PieceRecord>,
-    by_hash: &HashMap<&str, &'p PieceRecord>,
-    range: &std::ops::Range<u64>,
-    hash: &str,
-) -> Option<&'p PieceRecord> {
-    let len = range.end - range.start;
-    let same = |piece: &&&PieceRecord| piece.len == len && piece.xxh3 == hash;
-    at.get(&range.start)
-        .filter(same)
-        .or_else(|| by_hash.get(hash).filter(same))
-        .copied()
+impl<'a> BaseIndex<'a> {
+    fn new(base: Option<&'a Pieces>) -> Self {
+        let mut at = HashMap::new();
+        let mut start = 0;
+        for piece in base.iter().flat_map(|b| &b.list) {
+            at.insert(start, piece);
+            start += piece.len;
+        }
+        let by_hash = base
+            .iter()
+            .flat_map(|b| &b.list)
+            .map(|p| (p.xxh3.as_str(), p))
+            .collect();
+        Self { at, by_hash }
+    }
+
+    /// The base's piece to refer to for the piece at `range` whose hash is `hash`: the one at
+    /// the same place when it holds the same bytes (so an unchanged tensor stays one run of
+    /// one container, read as one), else any with the same bytes.
+    fn find(&self, range: &std::ops::Range<u64>, hash: &str) -> Option<&'a PieceRecord> {
+        let len = range.end - range.start;
+        let same = |piece: &&&PieceRecord| piece.len == len && piece.xxh3 == hash;
+        self.at
+            .get(&range.start)
+            .filter(same)
+            .or_else(|| self.by_hash.get(hash).filter(same))
+            .copied()
+    }
 }
 
 /// A sink that takes the whole container a writer streams and stores only the pieces the
@@ -303,8 +309,7 @@ pub(crate) struct DeltaSink<'a> {
     cuts: Vec<Cut>,
     decisions: Vec<Decision>,
     names: Vec<String>,
-    by_hash: HashMap<&'a str, &'a PieceRecord>,
-    at: HashMap<u64, &'a PieceRecord>,
+    base: BaseIndex<'a>,
     next: usize,
     position: u64,
     written: u64,
@@ -319,9 +324,8 @@ impl<'a> DeltaSink<'a> {
     pub(crate) fn new(
         inner: Box<dyn Sink>,
         stored_key: String,
-        plan: Plan,
+        plan: Plan<'a>,
         names: Vec<String>,
-        base: Option<&'a Pieces>,
     ) -> Self {
         Self {
             inner,
@@ -329,12 +333,7 @@ impl<'a> DeltaSink<'a> {
             cuts: plan.cuts,
             decisions: plan.decisions,
             names,
-            by_hash: base
-                .iter()
-                .flat_map(|b| &b.list)
-                .map(|p| (p.xxh3.as_str(), p))
-                .collect(),
-            at: by_position(base),
+            base: plan.base,
             next: 0,
             position: 0,
             written: 0,
@@ -379,7 +378,7 @@ impl<'a> DeltaSink<'a> {
             Decision::Decide => {
                 let buffer = std::mem::take(&mut self.buffer);
                 let hash = xxh3_128(&buffer);
-                let record = match find(&self.at, &self.by_hash, &piece.range, &hex(hash)) {
+                let record = match self.base.find(&piece.range, &hex(hash)) {
                     Some(base) => PieceRecord {
                         tensor,
                         ..base.clone()

@@ -323,7 +323,7 @@ impl Checkpoints {
             .map(|t| t.name().to_owned())
             .collect();
         let stored_key = layout::relative(&self.prefix, &key).to_owned();
-        let mut sink = DeltaSink::new(inner, stored_key, plan, names, base_pieces);
+        let mut sink = DeltaSink::new(inner, stored_key, plan, names);
         writer
             .write_to_sink(&mut sink)
             .map_err(|e| e.with_operation("write").with_key(&key))?;

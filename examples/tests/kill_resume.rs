@@ -107,7 +107,6 @@ fn killed_and_resumed_incrementally_beside_gc(base: &str) {
                         }
                     }
                 }
-                std::thread::sleep(Duration::from_millis(5));
             }
             checked
         });
