@@ -152,6 +152,7 @@ pub(crate) const CASES: &[Case] = &[
         &["faulty store", "stalled part"],
         cases::faults::fault_cases,
     ),
+    (&["tiered save", "tiered loop"], cases::tiered::tiered_cases),
 ];
 
 fn run(args: &Args) -> Result<()> {

@@ -8,8 +8,11 @@ use weightbay::{
 
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
-use crate::layout;
-use crate::record::{CommitRecord, ContainerRecord, PieceRecord, Pieces, encode};
+use crate::layout::{self, manifest_key};
+use crate::ranks::{RankOutcome, check_same};
+use crate::record::{
+    CommitRecord, ContainerRecord, PieceRecord, Pieces, RankManifest, encode, read_json,
+};
 use crate::spliced::Spliced;
 
 impl Checkpoints {
@@ -148,6 +151,116 @@ impl Checkpoints {
             return Err(e);
         }
         Ok(record)
+    }
+}
+
+impl Checkpoints {
+    /// Copies rank `rank`'s part of `step` from `from` here, and goes on as the rank's own
+    /// save would ([`RankSave`](crate::RankSave)'s protocol): its containers streamed into a
+    /// save directory of their own with their CRC32C checked, then its manifest with
+    /// create-new, then the listing after which the rank that sees every manifest commits. A
+    /// manifest here already (a copy that ran before) must hold the same content, and nothing
+    /// is copied again.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when `from` holds no manifest of the rank;
+    /// [`ErrorKind::AlreadyExists`] when the manifest here holds other content;
+    /// [`ErrorKind::Corrupt`] naming a container whose bytes differ from its manifest; the
+    /// storages' errors.
+    pub(crate) fn copy_rank_from(
+        &self,
+        from: &Checkpoints,
+        step: u64,
+        (rank, world_size): (u32, u32),
+    ) -> Result<RankOutcome> {
+        let from_dir = from.step_dir(step);
+        let theirs: RankManifest = read_json(
+            from.storage.as_ref(),
+            &manifest_key(&from_dir, rank, world_size),
+            "rank manifest",
+        )?;
+        let dir = self.step_dir(step);
+        let key = manifest_key(&dir, rank, world_size);
+        let placed = match read_json::<RankManifest>(self.storage.as_ref(), &key, "rank manifest") {
+            Ok(first) => check_same(&first, &theirs, &key).map(|()| (first, true)),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                let save = unique_token();
+                let save_dir = format!("{dir}/{save}");
+                // gc leaves a directory being written alone, as it does a rank's own save.
+                self.saves.lock().ranks_in_flight.push(save_dir.clone());
+                let placed = self.place_rank(from, &theirs, &save, &key);
+                self.saves
+                    .lock()
+                    .ranks_in_flight
+                    .retain(|dir| *dir != save_dir);
+                placed
+            }
+            Err(e) => Err(e),
+        };
+        let (manifest, rerun) = placed?;
+        self.conclude_rank(step, &manifest, rerun, None, CreateOptions::default())
+    }
+
+    /// Copies the containers `theirs` names from `from` into save directory `save` of its step
+    /// here and writes the manifest, moved there, at `key` with create-new; returns it, and
+    /// whether another copy's manifest stood there already.
+    fn place_rank(
+        &self,
+        from: &Checkpoints,
+        theirs: &RankManifest,
+        save: &str,
+        key: &str,
+    ) -> Result<(RankManifest, bool)> {
+        let (dir, from_dir) = (self.step_dir(theirs.step), from.step_dir(theirs.step));
+        let moved = |relative: &str| {
+            let file = relative.rsplit('/').next().unwrap_or(relative);
+            format!("{save}/{file}")
+        };
+        let mut manifest = theirs.clone();
+        let mut written = Vec::new();
+        let copied = theirs
+            .containers
+            .iter()
+            .zip(manifest.containers.iter_mut())
+            .try_for_each(|(container, to)| {
+                to.key = moved(&container.key);
+                let to_key = format!("{dir}/{}", to.key);
+                written.push(to_key.clone());
+                let from_key = format!("{from_dir}/{}", container.key);
+                let source = from
+                    .storage
+                    .open(&from_key)
+                    .map_err(|e| e.with_key(&from_key))?;
+                let from_source = (source.as_ref(), from_key.as_str());
+                let (storage, durability) = (self.storage.as_ref(), Durability::Default);
+                copy_checked(from_source, container, storage, &to_key, durability)
+            });
+        for tensor in manifest.tensors.values_mut() {
+            tensor.container = moved(&tensor.container);
+        }
+        let removed = |written: &[String]| {
+            for key in written {
+                let _ = self.storage.delete(key);
+            }
+        };
+        if let Err(e) = copied {
+            removed(&written);
+            return Err(e);
+        }
+        match self
+            .storage
+            .write_new(key, &encode(&manifest)?, Durability::Default)
+        {
+            Ok(()) => Ok((manifest, false)),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                removed(&written);
+                let first: RankManifest = read_json(self.storage.as_ref(), key, "rank manifest")?;
+                check_same(&first, &manifest, key).map(|()| (first, true))
+            }
+            // The manifest may have been written all the same (an answer lost), naming these
+            // containers: they stay, as a rank's own save leaves them.
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -47,6 +47,22 @@ impl Saves {
         Ok(())
     }
 
+    /// Waits until no save of `step` is in flight (a background save being written, which a
+    /// promotion of it must not read before it commits).
+    pub(crate) fn wait_while_saving(&self, step: u64) {
+        let mut state = self.lock();
+        while state
+            .in_flight
+            .as_ref()
+            .is_some_and(|(saving, _)| *saving == step)
+        {
+            state = self
+                .finished
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
     pub(crate) fn end(&self) {
         self.lock().in_flight = None;
         self.finished.notify_all();

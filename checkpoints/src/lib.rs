@@ -77,6 +77,7 @@ mod incremental;
 mod layout;
 mod listing;
 mod merge;
+mod promotion;
 mod ranks;
 mod record;
 mod recording;
@@ -84,6 +85,7 @@ mod region;
 mod retention;
 mod save;
 mod spliced;
+mod tiered;
 
 pub use assembled::AssembledWeights;
 pub use background::SaveHandle;
@@ -93,6 +95,7 @@ pub use content::DEFAULT_CHUNK_LEN;
 pub use incremental::Incremental;
 pub use layout::{COMMIT_RECORD, RANKS_DIR};
 pub use listing::{RankProgress, StepState, StepStatus};
+pub use promotion::{Promotion, PromotionState};
 pub use ranks::{FAILURE_RECORD_TIMEOUT, RankOutcome, RankSave, Rendezvous};
 pub use record::{
     CommitRecord, ContainerRecord, LogicalTensor, PieceRecord, Pieces, RankFailure, RankManifest,
@@ -100,3 +103,4 @@ pub use record::{
 };
 pub use retention::{GcReport, Retention};
 pub use save::SaveOptions;
+pub use tiered::{PerTier, Tiered, TieredStatus};

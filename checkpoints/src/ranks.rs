@@ -169,6 +169,11 @@ impl RankSave {
         self
     }
 
+    /// The rank and the world size.
+    pub(crate) fn rank(&self) -> (u32, u32) {
+        (self.rank, self.world_size)
+    }
+
     /// The manifest entries of the writer's tensors, each checked.
     fn tensors(&self, container: &str) -> Result<BTreeMap<String, RankTensor>> {
         let mut tensors = BTreeMap::new();
@@ -412,36 +417,49 @@ impl Checkpoints {
             }
             Err(e) => return Err(e),
         };
-        let outcome = match &save.rendezvous {
-            Some(decide) if decide()? => {
-                self.commit_unless_committed(step, save.world_size, small)?
-            }
+        self.conclude_rank(step, &manifest, rerun, save.rendezvous.as_ref(), small)
+    }
+
+    /// What a rank does once its `manifest` is written (or was found written: a `rerun`): the
+    /// rendezvous, or a listing of the manifests, decides whether it commits, and a record it
+    /// finds or makes must hold its part.
+    pub(crate) fn conclude_rank(
+        &self,
+        step: u64,
+        manifest: &RankManifest,
+        rerun: bool,
+        rendezvous: Option<&Rendezvous>,
+        small: CreateOptions,
+    ) -> Result<RankOutcome> {
+        let dir = self.step_dir(step);
+        let (rank, world_size) = (manifest.rank, manifest.world_size);
+        let outcome = match rendezvous {
+            Some(decide) if decide()? => self.commit_unless_committed(step, world_size, small)?,
             Some(_) => RankOutcome::Committing,
             None => {
                 let listed = self.storage.list(&format!("{dir}/{RANKS_DIR}"))?;
                 // A failure this rank recorded before is history now.
-                let failure = layout::failure_key(&dir, save.rank, save.world_size);
+                let failure = layout::failure_key(&dir, rank, world_size);
                 if listed.iter().any(|l| l.key == failure) {
                     let _ = delete_if_present(self.storage.as_ref(), &failure);
                 }
                 let seen: BTreeSet<u32> = listed
                     .iter()
                     .filter_map(|l| parse_manifest_key(&dir, &l.key))
-                    .filter(|&(_, world_size)| world_size == save.world_size)
+                    .filter(|&(_, listed_world)| listed_world == world_size)
                     .map(|(rank, _)| rank)
                     .collect();
-                let missing: Vec<u32> =
-                    (0..save.world_size).filter(|r| !seen.contains(r)).collect();
+                let missing: Vec<u32> = (0..world_size).filter(|r| !seen.contains(r)).collect();
                 if !missing.is_empty() {
                     return Ok(RankOutcome::Written { missing });
                 }
                 if rerun {
-                    self.commit_unless_committed(step, save.world_size, small)?
+                    self.commit_unless_committed(step, world_size, small)?
                 } else {
                     let intent = layout::intent_key(&dir);
-                    let body = format!("{{\"rank\": {}}}\n", save.rank);
+                    let body = format!("{{\"rank\": {rank}}}\n");
                     match self.storage.write_new_with(&intent, body.as_bytes(), small) {
-                        Ok(()) => self.commit_merged(step, save.world_size, small)?,
+                        Ok(()) => self.commit_merged(step, world_size, small)?,
                         Err(e) if e.kind() == ErrorKind::AlreadyExists => RankOutcome::Committing,
                         Err(e) => return Err(e),
                     }
@@ -449,7 +467,7 @@ impl Checkpoints {
             }
         };
         if let Some(record) = outcome.record() {
-            check_holds(record, &manifest)?;
+            check_holds(record, manifest)?;
         }
         Ok(outcome)
     }
@@ -545,7 +563,7 @@ fn same_content(a: &RankManifest, b: &RankManifest) -> bool {
 
 /// Fails with [`ErrorKind::AlreadyExists`], naming the rank, unless `planned` holds the same
 /// content as `first`, the manifest written first at `key`.
-fn check_same(first: &RankManifest, planned: &RankManifest, key: &str) -> Result<()> {
+pub(crate) fn check_same(first: &RankManifest, planned: &RankManifest, key: &str) -> Result<()> {
     if same_content(first, planned) {
         return Ok(());
     }

@@ -71,6 +71,26 @@ impl CommitRecord {
         }
         references
     }
+
+    /// What the record says the checkpoint's bytes are, wherever they are stored: for an
+    /// incremental save, its one container's name, length and CRC32C; otherwise each
+    /// container's name within its save directory, length and CRC32C. A checkpoint and its
+    /// copies ([`Checkpoints::copy_from`](crate::Checkpoints::copy_from)) have the same.
+    pub(crate) fn fingerprint(&self) -> Vec<(&str, u64, u32)> {
+        if let Some(pieces) = &self.pieces {
+            return vec![(pieces.name.as_str(), pieces.len, pieces.crc32c)];
+        }
+        self.containers
+            .iter()
+            .map(|c| {
+                let name = c
+                    .key
+                    .split_once('/')
+                    .map_or(c.key.as_str(), |(_, rest)| rest);
+                (name, c.len, c.crc32c)
+            })
+            .collect()
+    }
 }
 
 /// A container recorded piece by piece: the header, then each tensor in chunks of at most

@@ -123,7 +123,7 @@ impl Checkpoints {
 
     /// Deletes the commit records of `steps`, then what of their directories nothing refers
     /// to.
-    fn delete_steps(&self, steps: &[u64]) -> Result<()> {
+    pub(crate) fn delete_steps(&self, steps: &[u64]) -> Result<()> {
         if steps.is_empty() {
             return Ok(());
         }

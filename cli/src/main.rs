@@ -3,6 +3,7 @@
 mod demo;
 mod progress;
 mod target;
+mod tiers;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use target::{Target, resolve};
 use weightbay::Format;
 use weightbay::{Durability, ErrorKind, Reader, Result, Scalar, StorageExt, WriteMode, Writer};
-use weightbay_checkpoints::{Checkpoints, Retention, StepState, StepStatus};
+use weightbay_checkpoints::{Checkpoints, Retention, StepState, StepStatus, Tiered};
 use weightbay_object_store::Location;
 
 /// Checkpoints on local disk, in memory maps, and in object storage.
@@ -84,10 +85,15 @@ enum Command {
         materialize: bool,
     },
     /// List the checkpoints under a prefix: step, time, bytes stored, bytes of earlier
-    /// checkpoints referred to (incremental saves), format, and whether complete.
+    /// checkpoints referred to (incremental saves), format, and whether complete. With
+    /// `--durable`, the prefix is the fast tier of tiered checkpoints and both tiers are shown
+    /// side by side.
     Ls {
-        /// Path or URL of the checkpoint prefix.
+        /// Path or URL of the checkpoint prefix (of the fast tier, with `--durable`).
         url: String,
+        /// Path or URL of the durable tier's checkpoint prefix, for tiered checkpoints.
+        #[arg(long)]
+        durable: Option<String>,
     },
     /// Delete old checkpoints (with `--keep-last`/`--keep-every`) and what dead saves left.
     /// The newest complete checkpoint is never deleted.
@@ -311,9 +317,17 @@ fn run(command: Command) -> Result<ExitCode> {
             eprintln!("copied {tensors} tensors, {len} bytes, as {format}, to {dst}");
             Ok(ExitCode::SUCCESS)
         }
-        Command::Ls { url } => {
+        Command::Ls { url, durable: None } => {
             let checkpoints = checkpoints_at(&url)?;
             print!("{}", ls_table(&checkpoints.list()?));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ls {
+            url,
+            durable: Some(durable),
+        } => {
+            let tiered = Tiered::new(checkpoints_at(&url)?, checkpoints_at(&durable)?);
+            print!("{}", tiers::ls_table(&tiered.list()?));
             Ok(ExitCode::SUCCESS)
         }
         Command::Gc {

@@ -13,3 +13,4 @@ pub(crate) mod ranks;
 pub(crate) mod remote;
 pub(crate) mod save;
 pub(crate) mod stall;
+pub(crate) mod tiered;

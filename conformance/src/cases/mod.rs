@@ -9,6 +9,7 @@ pub mod incremental;
 pub mod memory;
 pub mod ranks;
 pub mod reads;
+pub mod tiered;
 pub mod writes;
 
 use crate::case::{Case, with_cases};

@@ -3,6 +3,7 @@
 //!
 //! ```sh
 //! train-resume s3://bucket/runs/toy --steps 120 --every 10 [--layer-mib 1] [--incremental]
+//! train-resume /local/ckpt/toy --durable s3://bucket/runs/toy   # tiered
 //! ```
 //!
 //! Each step updates the weights deterministically; every `--every` steps a checkpoint of the
@@ -15,11 +16,19 @@
 //! With `--incremental` the model also holds a frozen embedding twice a layer's size that
 //! training never changes, and every checkpoint is saved incrementally: only the trained
 //! layers are written, the embedding's bytes are referred to in the chain's first checkpoint.
+//!
+//! With `--durable URL` the checkpoints are tiered: saved at the first URL (a local
+//! directory: the fast tier) and promoted in the background to `URL` (the durable tier); a
+//! restart resumes from the newest checkpoint either tier holds whole, so a run whose machine
+//! (and local directory) is gone resumes from the durable tier. It prints where it resumed
+//! from (`resumed from step N`), and at the end requires the last checkpoint to be durable.
 
 use std::process::ExitCode;
 
 use weightbay::{Result, Tensor, Writer};
-use weightbay_checkpoints::{Checkpoints, Retention, SaveHandle, SaveOptions};
+use weightbay_checkpoints::{
+    Checkpoint, Checkpoints, PerTier, Retention, SaveHandle, SaveOptions, Tiered,
+};
 
 /// Two layers of `--layer-mib` MiB of f32 each (1 by default: 2 MiB per checkpoint, one
 /// object-store PUT; over 4, each checkpoint is a multipart upload).
@@ -31,6 +40,7 @@ struct Args {
     every: u64,
     layer_mib: u64,
     incremental: bool,
+    durable: Option<String>,
 }
 
 /// The frozen tensor of `--incremental` runs.
@@ -38,13 +48,19 @@ const FROZEN: &str = "embedding.weight";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut args = std::env::args().skip(1);
-    let url = args
-        .next()
-        .ok_or("usage: train-resume URL [--steps N] [--every K] [--layer-mib M] [--incremental]")?;
+    let url = args.next().ok_or(
+        "usage: train-resume URL [--steps N] [--every K] [--layer-mib M] [--incremental] \
+             [--durable URL]",
+    )?;
     let (mut steps, mut every, mut layer_mib, mut incremental) = (120, 10, 1, false);
+    let mut durable = None;
     while let Some(flag) = args.next() {
         if flag == "--incremental" {
             incremental = true;
+            continue;
+        }
+        if flag == "--durable" {
+            durable = Some(args.next().ok_or("--durable needs a URL")?);
             continue;
         }
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -62,6 +78,7 @@ fn parse_args() -> std::result::Result<Args, String> {
         every,
         layer_mib,
         incremental,
+        durable,
     })
 }
 
@@ -85,12 +102,80 @@ fn as_tensors(weights: &[Vec<f32>], frozen: Option<&Tensor>) -> Vec<Tensor> {
         .collect()
 }
 
+/// The checkpoints at `url`: the location's key is the run's prefix in its storage.
+fn checkpoints_at(url: &str) -> Result<Checkpoints> {
+    let location = weightbay_object_store::Location::parse(url)?;
+    Ok(Checkpoints::over(location.storage, location.key))
+}
+
+/// Where the loop saves: one prefix, or two tiers.
+enum Saving {
+    Plain(Checkpoints),
+    Tiered(Tiered),
+}
+
+impl Saving {
+    fn latest(&self) -> Result<Option<Checkpoint>> {
+        match self {
+            Self::Plain(checkpoints) => checkpoints.latest(),
+            Self::Tiered(tiered) => tiered.latest(),
+        }
+    }
+
+    fn save(&self, step: u64, writer: Writer, options: SaveOptions) -> Result<SaveHandle> {
+        match self {
+            Self::Plain(checkpoints) => checkpoints.save_in_background(step, writer, options),
+            Self::Tiered(tiered) => tiered.save_in_background(step, writer, options),
+        }
+    }
+
+    fn retain(&self) -> Result<()> {
+        match self {
+            Self::Plain(checkpoints) => checkpoints.retain(&Retention::keep_last(3)).map(drop),
+            Self::Tiered(tiered) => tiered
+                .retain(&PerTier {
+                    fast: Retention::keep_last(2),
+                    durable: Retention::keep_last(3),
+                })
+                .map(drop),
+        }
+    }
+
+    /// Waits for every save (and promotion), cleans up, and returns the newest checkpoint,
+    /// which a tiered run requires to be durable.
+    fn finish(&self) -> Result<Option<Checkpoint>> {
+        match self {
+            Self::Plain(checkpoints) => {
+                checkpoints.flush()?;
+                checkpoints.gc()?;
+                checkpoints.latest()
+            }
+            Self::Tiered(tiered) => {
+                tiered.flush()?;
+                tiered.gc()?;
+                let durable = tiered.durable().latest()?;
+                let latest = tiered.latest()?;
+                if durable.as_ref().map(Checkpoint::step) != latest.as_ref().map(Checkpoint::step) {
+                    return Err(weightbay::Error::invalid(
+                        "the newest checkpoint is not on the durable tier after flush",
+                    ));
+                }
+                Ok(durable)
+            }
+        }
+    }
+}
+
 fn run(args: &Args) -> Result<u32> {
-    // The run's prefix: the location's last segment, in the storage of the rest.
-    let location = weightbay_object_store::Location::parse(&args.url)?;
-    let checkpoints = Checkpoints::over(location.storage, location.key);
+    let saving = match &args.durable {
+        None => Saving::Plain(checkpoints_at(&args.url)?),
+        Some(durable) => Saving::Tiered(Tiered::new(
+            checkpoints_at(&args.url)?,
+            checkpoints_at(durable)?,
+        )),
+    };
     // Resume from the newest complete checkpoint, if any.
-    let (mut step, mut weights) = match checkpoints.latest()? {
+    let (mut step, mut weights) = match saving.latest()? {
         Some(checkpoint) => {
             let reader = checkpoint.reader()?;
             let weights = LAYERS
@@ -115,28 +200,26 @@ fn run(args: &Args) -> Result<u32> {
     } else {
         SaveOptions::default()
     };
-    let mut saving: Option<SaveHandle> = None;
+    let mut in_flight: Option<SaveHandle> = None;
     while step < args.steps {
         step += 1;
         train_step(step, &mut weights);
         if step % args.every == 0 || step == args.steps {
             // The previous save's outcome first: a failed checkpoint must not go unnoticed.
-            if let Some(handle) = saving.take() {
+            if let Some(handle) = in_flight.take() {
                 handle.wait()?;
             }
             let writer =
                 Writer::new(as_tensors(&weights, frozen.as_ref())).with_scalar("step", step);
-            saving = Some(checkpoints.save_in_background(step, writer, options.clone())?);
-            checkpoints.retain(&Retention::keep_last(3))?;
+            in_flight = Some(saving.save(step, writer, options.clone())?);
+            saving.retain()?;
         }
     }
-    if let Some(handle) = saving {
+    if let Some(handle) = in_flight {
         handle.wait()?;
     }
-    checkpoints.flush()?;
-    checkpoints.gc()?;
-    let latest = checkpoints
-        .latest()?
+    let latest = saving
+        .finish()?
         .ok_or_else(|| weightbay::Error::invalid("no checkpoint after training"))?;
     latest.verify()?;
     let record = latest.record();

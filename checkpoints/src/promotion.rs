@@ -1,0 +1,354 @@
+//! Promotion: the checkpoints a [`Tiered`](crate::Tiered) value saved on its fast tier, copied
+//! to its durable tier on a thread of their own, in order, the newest taking the place of older
+//! ones that wait when promotion falls behind. The queue holds step numbers only (the bytes
+//! wait on the fast tier), so a save is never held back by promotion longer than its policy's
+//! bound.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use weightbay::{Background, Durability, Error, ErrorKind, Result};
+
+use crate::checkpoint::Checkpoint;
+use crate::checkpoints::Checkpoints;
+use crate::record::CommitRecord;
+
+/// The promotion outcomes a value remembers: older ones are forgotten (a step forgotten shows
+/// no promotion state in [`Tiered::list`](crate::Tiered::list)).
+const REMEMBERED: usize = 4096;
+
+/// Which checkpoints of a [`Tiered`](crate::Tiered) value are promoted to the durable tier,
+/// and what a save does when promotion falls behind.
+///
+/// Saves queue their promotion; one is copied at a time. A save that finds
+/// [`max_waiting`](Self::max_waiting) promotions waiting waits up to
+/// [`max_block`](Self::max_block) for one to start, then takes the place of the oldest waiting
+/// one, which is reported [`Superseded`](PromotionState::Superseded). The default,
+/// [`newest_only`](Self::newest_only), never holds a save back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Promotion {
+    /// Only checkpoints whose step is a multiple of this are promoted (1: every one); the
+    /// others are [`NotChosen`](PromotionState::NotChosen).
+    pub multiple_of: u64,
+    /// How many promotions may wait behind the one being copied.
+    pub max_waiting: usize,
+    /// How long a save may be held waiting for room in a full queue before it supersedes the
+    /// oldest waiting promotion.
+    pub max_block: Duration,
+}
+
+impl Default for Promotion {
+    fn default() -> Self {
+        Self::newest_only()
+    }
+}
+
+impl Promotion {
+    /// Promotes the newest checkpoint: while one is copied, at most one waits, and a newer save
+    /// takes its place at once. The durable tier so stays within one promotion of the fast
+    /// tier, and saves are never held back.
+    pub fn newest_only() -> Self {
+        Self {
+            multiple_of: 1,
+            max_waiting: 1,
+            max_block: Duration::ZERO,
+        }
+    }
+
+    /// Promotes every checkpoint, in order, however far behind promotion falls (the fast tier
+    /// keeps each until it is promoted, see [`Tiered::retain`](crate::Tiered::retain)).
+    pub fn every_save() -> Self {
+        Self {
+            max_waiting: usize::MAX,
+            ..Self::newest_only()
+        }
+    }
+
+    /// Promotes only checkpoints whose step is a multiple of `k` (0 counts as 1).
+    #[must_use]
+    pub fn multiples_of(mut self, k: u64) -> Self {
+        self.multiple_of = k.max(1);
+        self
+    }
+
+    /// Lets `n` promotions wait behind the one being copied (at least 1).
+    #[must_use]
+    pub fn with_max_waiting(mut self, n: usize) -> Self {
+        self.max_waiting = n.max(1);
+        self
+    }
+
+    /// Lets a save wait up to `bound` for room in a full queue before it supersedes the
+    /// oldest waiting promotion.
+    #[must_use]
+    pub fn with_max_block(mut self, bound: Duration) -> Self {
+        self.max_block = bound;
+        self
+    }
+}
+
+/// Where the promotion of one checkpoint stands, as this process saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PromotionState {
+    /// Queued behind the promotion being copied.
+    Waiting,
+    /// Being copied to the durable tier.
+    Copying,
+    /// Complete on the durable tier.
+    Promoted,
+    /// Not promoted: the save of step `by` took its place in a full queue.
+    Superseded {
+        /// The step whose promotion replaced this one.
+        by: u64,
+    },
+    /// Not promoted: the policy promotes only multiples of [`Promotion::multiple_of`].
+    NotChosen,
+    /// The copy failed; nothing of it is complete on the durable tier, and what it left there
+    /// is [`Checkpoints::gc`]'s.
+    Failed {
+        /// The failure's kind.
+        kind: ErrorKind,
+        /// The failure, with its causes.
+        message: String,
+    },
+}
+
+/// The queue of promotions, its outcomes, and the worker thread that copies.
+#[derive(Debug, Default)]
+pub(crate) struct Promoter {
+    state: Mutex<Queue>,
+    changed: Condvar,
+}
+
+/// A promotion waiting: a step's checkpoint, or one rank's part of it (rank, world size).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Job {
+    pub(crate) step: u64,
+    pub(crate) rank: Option<(u32, u32)>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    /// Promotions waiting, oldest first.
+    waiting: VecDeque<Job>,
+    /// The step being copied.
+    copying: Option<u64>,
+    /// What became of every step this value saved, newest [`REMEMBERED`].
+    outcomes: BTreeMap<u64, PromotionState>,
+    /// Whether a worker thread runs (it ends when the queue is empty).
+    working: bool,
+    /// The failure of the newest promotion the worker made, while no newer one succeeded:
+    /// what [`Tiered::flush`](crate::Tiered::flush) reports.
+    pub(crate) failure: Option<(u64, Error)>,
+    /// Steps of the fast tier this value verified against their records (it trusts those and
+    /// the ones it saved itself).
+    pub(crate) verified: BTreeSet<u64>,
+}
+
+impl Queue {
+    /// What this value knows of `step`'s promotion.
+    pub(crate) fn outcome(&self, step: u64) -> Option<&PromotionState> {
+        self.outcomes.get(&step)
+    }
+
+    /// Whether this value saved `step` on the fast tier or verified it there.
+    pub(crate) fn trusts(&self, step: u64) -> bool {
+        self.outcomes.contains_key(&step) || self.verified.contains(&step)
+    }
+
+    /// Notes that the promotion of `step` ended with `result`. A success forgets the failure
+    /// of an older promotion: a newer checkpoint is durable now.
+    pub(crate) fn ended<T>(&mut self, step: u64, result: &Result<T>) {
+        let state = match result {
+            Ok(_) => {
+                if self
+                    .failure
+                    .as_ref()
+                    .is_some_and(|(failed, _)| *failed <= step)
+                {
+                    self.failure = None;
+                }
+                PromotionState::Promoted
+            }
+            Err(e) => PromotionState::Failed {
+                kind: e.kind(),
+                message: e.to_string(),
+            },
+        };
+        self.set(step, state);
+    }
+
+    /// Whether `step`'s promotion waits or is being copied: the fast tier must keep it.
+    pub(crate) fn is_pending(&self, step: u64) -> bool {
+        self.copying == Some(step) || self.waiting.iter().any(|job| job.step == step)
+    }
+
+    fn set(&mut self, step: u64, state: PromotionState) {
+        self.outcomes.insert(step, state);
+        while self.outcomes.len() > REMEMBERED {
+            self.outcomes.pop_first();
+        }
+    }
+}
+
+/// The two tiers a worker copies between.
+#[derive(Debug)]
+pub(crate) struct Tiers {
+    pub(crate) fast: Checkpoints,
+    pub(crate) durable: Checkpoints,
+    pub(crate) promoter: Promoter,
+}
+
+impl Promoter {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until nothing waits or is being copied.
+    pub(crate) fn wait_idle(&self) {
+        let mut queue = self.lock();
+        while queue.copying.is_some() || !queue.waiting.is_empty() {
+            queue = self
+                .changed
+                .wait(queue)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+impl Tiers {
+    /// Queues `job` by `policy`, holding the caller at most `policy.max_block`, and starts a
+    /// worker if none runs.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the worker thread cannot start (the promotion stays queued for
+    /// the next one).
+    pub(crate) fn queue(self: &Arc<Self>, job: Job, policy: &Promotion) -> Result<()> {
+        let step = job.step;
+        let promoter = &self.promoter;
+        let mut queue = promoter.lock();
+        if step % policy.multiple_of != 0 {
+            queue.set(step, PromotionState::NotChosen);
+            return Ok(());
+        }
+        if queue.is_pending(step) {
+            return Ok(());
+        }
+        let until = Instant::now() + policy.max_block;
+        while queue.waiting.len() >= policy.max_waiting {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                if let Some(oldest) = queue.waiting.pop_front() {
+                    queue.set(oldest.step, PromotionState::Superseded { by: step });
+                }
+                break;
+            }
+            queue = promoter
+                .changed
+                .wait_timeout(queue, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        queue.waiting.push_back(job);
+        queue.set(step, PromotionState::Waiting);
+        if queue.working {
+            return Ok(());
+        }
+        let tiers = Arc::clone(self);
+        // Detached: the worker ends once the queue is empty, and `flush` waits for that.
+        Background::spawn("weightbay-promotion", move || tiers.work())?;
+        queue.working = true;
+        Ok(())
+    }
+
+    /// The worker: copies the oldest waiting promotion until none waits.
+    fn work(&self) {
+        loop {
+            let job = {
+                let mut queue = self.promoter.lock();
+                let Some(job) = queue.waiting.pop_front() else {
+                    queue.working = false;
+                    self.promoter.changed.notify_all();
+                    return;
+                };
+                queue.copying = Some(job.step);
+                queue.set(job.step, PromotionState::Copying);
+                self.promoter.changed.notify_all();
+                job
+            };
+            let (promoted, unsaved) = match job.rank {
+                Some(rank) => {
+                    let copied = self.durable.copy_rank_from(&self.fast, job.step, rank);
+                    (copied.map(drop), false)
+                }
+                None => {
+                    // A background save of the step may still be writing it.
+                    self.fast.saves.wait_while_saving(job.step);
+                    let opened = self.fast.open(job.step);
+                    let unsaved = opened
+                        .as_ref()
+                        .is_err_and(|e| e.kind() == ErrorKind::NotFound);
+                    (opened.and_then(|c| self.copy(&c)).map(drop), unsaved)
+                }
+            };
+            let mut queue = self.promoter.lock();
+            queue.copying = None;
+            queue.ended(job.step, &promoted);
+            match promoted {
+                // A save that did not commit reported that itself, through its handle.
+                Err(_) if unsaved => {}
+                Err(e) => queue.failure = Some((job.step, e)),
+                Ok(()) => {}
+            }
+            self.promoter.changed.notify_all();
+        }
+    }
+
+    /// Copies `step` from the fast tier to the durable one (see [`copy`](Self::copy)), once
+    /// the fast tier's save of it (a background save, maybe) has ended.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] when the fast tier holds no complete `step`; as
+    /// [`copy`](Self::copy).
+    pub(crate) fn promote(&self, step: u64) -> Result<CommitRecord> {
+        self.fast.saves.wait_while_saving(step);
+        let checkpoint = self.fast.open(step).map_err(|e| {
+            e.context(format!(
+                "step {step} is not a complete checkpoint on the fast tier"
+            ))
+        })?;
+        self.copy(&checkpoint)
+    }
+
+    /// Copies `checkpoint` of the fast tier to the durable one: its containers with their
+    /// CRC32C checked on the way, the commit record last. A step the durable tier holds
+    /// already counts as promoted if its bytes are the fast tier's.
+    ///
+    /// # Errors
+    /// [`ErrorKind::AlreadyExists`] when the durable tier holds the step with other bytes;
+    /// the copy's errors.
+    fn copy(&self, checkpoint: &Checkpoint) -> Result<CommitRecord> {
+        let step = checkpoint.step();
+        match self.durable.copy_from(checkpoint, Durability::Default) {
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                let there = self.durable.read_record(step)?;
+                if there.fingerprint() == checkpoint.record().fingerprint() {
+                    Ok(there)
+                } else {
+                    Err(Error::new(
+                        ErrorKind::AlreadyExists,
+                        format!(
+                            "step {step} is committed on the durable tier with other bytes than \
+                             the fast tier's (saved by another run?): it stays as it is"
+                        ),
+                    )
+                    .with_source(e))
+                }
+            }
+            copied => copied,
+        }
+    }
+}

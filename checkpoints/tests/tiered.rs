@@ -1,0 +1,404 @@
+//! Tiered checkpoints over two in-memory storages: saves commit on the fast tier and are
+//! promoted with their bytes, newer saves take the place of waiting promotions, the fast tier
+//! keeps what waits, a torn fast copy is passed over, an empty fast tier resumes from the
+//! durable one, and a durable tier that fails never holds the loop or a half checkpoint. The
+//! conformance suite runs promotions failing at every operation of each backend.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use weightbay::{
+    Capabilities, CreateOptions, ErrorKind, Listed, MemoryStorage, PendingWrite, Sink, Source,
+    Storage, Tensor, WriteMode, Writer,
+};
+use weightbay_checkpoints::{
+    Checkpoints, PerTier, Promotion, PromotionState, RankOutcome, RankSave, Region, Retention,
+    StepState, Tiered,
+};
+
+/// Step `step`'s weights.
+fn model(step: u64) -> Vec<Tensor> {
+    vec![
+        Tensor::from_slice("w", [256], &vec![step as f32; 256]),
+        Tensor::from_slice("b", [4], &[0.5f32, step as f32, 2.0, 3.0]),
+    ]
+}
+
+/// What the gate of a [`Remote`] lets through.
+#[derive(Debug, Default)]
+struct GateState {
+    /// Creates wait while closed.
+    closed: bool,
+    /// Creates fail while down.
+    down: bool,
+    /// Creates waiting at the gate now.
+    waiting: usize,
+}
+
+/// A durable tier whose `create` waits while its gate is closed and fails while it is down:
+/// a promotion held in flight, or a remote outage.
+#[derive(Debug, Clone, Default)]
+struct Remote {
+    inner: Arc<MemoryStorage>,
+    gate: Arc<(Mutex<GateState>, Condvar)>,
+}
+
+impl Remote {
+    fn set(&self, change: impl FnOnce(&mut GateState)) {
+        let (state, changed) = &*self.gate;
+        change(&mut state.lock().unwrap());
+        changed.notify_all();
+    }
+
+    /// Waits until a create waits at the closed gate: a promotion is in flight.
+    fn wait_for_a_held_create(&self) {
+        let (state, changed) = &*self.gate;
+        let _held = changed
+            .wait_while(state.lock().unwrap(), |s| s.waiting == 0)
+            .unwrap();
+    }
+}
+
+impl Storage for Remote {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
+        let (state, changed) = &*self.gate;
+        let mut gate = state.lock().unwrap();
+        gate.waiting += 1;
+        changed.notify_all();
+        gate = changed.wait_while(gate, |s| s.closed).unwrap();
+        gate.waiting -= 1;
+        if gate.down {
+            return Err(weightbay::Error::new(
+                ErrorKind::Io,
+                "the remote store is unreachable",
+            ));
+        }
+        drop(gate);
+        self.inner.create(key, options)
+    }
+    fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
+        self.inner.open(key)
+    }
+    fn delete(&self, key: &str) -> weightbay::Result<()> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
+        self.inner.list(prefix)
+    }
+    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<PendingWrite>> {
+        self.inner.pending(prefix)
+    }
+    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<PendingWrite>> {
+        self.inner.clean_pending(prefix)
+    }
+}
+
+/// Tiers over `fast` and `remote`, under the prefix `run`.
+fn tiers_over(fast: &Arc<MemoryStorage>, remote: &Remote, policy: Promotion) -> Tiered {
+    Tiered::new(
+        Checkpoints::over(fast.clone(), "run"),
+        Checkpoints::over(Arc::new(remote.clone()), "run"),
+    )
+    .with_promotion(policy)
+}
+
+/// The promotion state of every step `tiered` lists.
+fn promotions(tiered: &Tiered) -> Vec<(u64, Option<PromotionState>)> {
+    tiered
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.step, s.promotion))
+        .collect()
+}
+
+fn weights(checkpoints: &Checkpoints, step: u64) -> Vec<f32> {
+    checkpoints
+        .open(step)
+        .unwrap()
+        .reader()
+        .unwrap()
+        .read_as::<f32>("w")
+        .unwrap()
+}
+
+#[test]
+fn saves_are_promoted_with_the_fast_tiers_bytes_and_record() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::every_save());
+    tiered.save(1, Writer::new(model(1))).unwrap();
+    tiered
+        .save_in_background(2, Writer::new(model(2)), Default::default())
+        .unwrap()
+        .wait()
+        .unwrap();
+    tiered.flush().unwrap();
+    assert_eq!(tiered.durable().steps().unwrap(), [1, 2]);
+    for step in [1, 2] {
+        let (on_fast, on_durable) = (
+            tiered.fast().open(step).unwrap(),
+            tiered.durable().open(step).unwrap(),
+        );
+        on_durable.verify().unwrap();
+        let crcs = |c: &weightbay_checkpoints::Checkpoint| {
+            c.record()
+                .containers
+                .iter()
+                .map(|c| c.crc32c)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(crcs(&on_fast), crcs(&on_durable));
+        assert_eq!(weights(tiered.durable(), step), vec![step as f32; 256]);
+    }
+    assert!(
+        tiered
+            .list()
+            .unwrap()
+            .iter()
+            .all(|s| s.is_durable() && s.promotion == Some(PromotionState::Promoted))
+    );
+}
+
+#[test]
+fn newer_saves_take_the_place_of_waiting_promotions_and_list_says_which() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::newest_only());
+    remote.set(|g| g.closed = true);
+    tiered.save(1, Writer::new(model(1))).unwrap();
+    remote.wait_for_a_held_create();
+    for step in 2..=4 {
+        tiered.save(step, Writer::new(model(step))).unwrap();
+    }
+    assert_eq!(
+        promotions(&tiered),
+        [
+            (1, Some(PromotionState::Copying)),
+            (2, Some(PromotionState::Superseded { by: 3 })),
+            (3, Some(PromotionState::Superseded { by: 4 })),
+            (4, Some(PromotionState::Waiting)),
+        ]
+    );
+    remote.set(|g| g.closed = false);
+    tiered.flush().unwrap();
+    assert_eq!(tiered.durable().steps().unwrap(), [1, 4]);
+    let skipped: Vec<u64> = tiered
+        .list()
+        .unwrap()
+        .into_iter()
+        .filter(|s| matches!(s.promotion, Some(PromotionState::Superseded { .. })))
+        .map(|s| s.step)
+        .collect();
+    assert_eq!(skipped, [2, 3]);
+}
+
+#[test]
+fn every_save_promotes_all_in_order_and_multiples_of_only_those() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::every_save());
+    remote.set(|g| g.closed = true);
+    for step in 1..=4 {
+        tiered.save(step, Writer::new(model(step))).unwrap();
+    }
+    remote.set(|g| g.closed = false);
+    tiered.flush().unwrap();
+    assert_eq!(tiered.durable().steps().unwrap(), [1, 2, 3, 4]);
+
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::every_save().multiples_of(2));
+    for step in 1..=4 {
+        tiered.save(step, Writer::new(model(step))).unwrap();
+    }
+    tiered.flush().unwrap();
+    assert_eq!(tiered.durable().steps().unwrap(), [2, 4]);
+    assert_eq!(promotions(&tiered)[0].1, Some(PromotionState::NotChosen));
+}
+
+#[test]
+fn the_fast_tier_keeps_what_waits_for_promotion_and_each_tier_its_own_policy() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::every_save());
+    remote.set(|g| g.closed = true);
+    for step in 1..=4 {
+        tiered.save(step, Writer::new(model(step))).unwrap();
+    }
+    let policy = PerTier {
+        fast: Retention::keep_last(1),
+        durable: Retention::keep_last(2),
+    };
+    let deleted = tiered.retain(&policy).unwrap();
+    assert_eq!(
+        deleted,
+        PerTier::default(),
+        "every step waits for promotion"
+    );
+    assert_eq!(tiered.fast().steps().unwrap(), [1, 2, 3, 4]);
+    remote.set(|g| g.closed = false);
+    tiered.flush().unwrap();
+    let deleted = tiered.retain(&policy).unwrap();
+    assert_eq!(deleted.fast, [1, 2, 3]);
+    assert_eq!(deleted.durable, [1, 2]);
+    assert_eq!(tiered.fast().steps().unwrap(), [4]);
+    assert_eq!(tiered.durable().steps().unwrap(), [3, 4]);
+    let report = tiered.gc().unwrap();
+    assert!(report.fast.orphans.is_empty() && report.durable.orphans.is_empty());
+}
+
+#[test]
+fn a_torn_fast_copy_is_passed_over_and_a_resumed_run_promotes_the_newest() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let first = tiers_over(&fast, &remote, Promotion::newest_only());
+    first.save(1, Writer::new(model(1))).unwrap();
+    first.flush().unwrap();
+    // Saved on the fast tier by a run killed before promoting them.
+    for step in [2, 3] {
+        first.fast().save(step, Writer::new(model(step))).unwrap();
+    }
+    // One bit of step 3's container flips on the local disk; its length stays.
+    let record = first.fast().open(3).unwrap().record().clone();
+    let key = format!("{}/{}", first.fast().step_dir(3), record.containers[0].key);
+    let mut bytes = fast
+        .open(&key)
+        .unwrap()
+        .bytes(0..record.containers[0].len)
+        .unwrap()
+        .to_vec()
+        .unwrap();
+    let last = bytes.len() - 300;
+    bytes[last] ^= 1;
+    let options = CreateOptions::default().with_mode(WriteMode::Overwrite);
+    let mut sink = fast.create(&key, &options).unwrap();
+    sink.write(&bytes).unwrap();
+    sink.commit().unwrap();
+
+    let resumed = tiers_over(&fast, &remote, Promotion::newest_only());
+    let latest = resumed.latest().unwrap().unwrap();
+    assert_eq!(latest.step(), 2, "the torn step 3 is passed over");
+    resumed.flush().unwrap();
+    assert_eq!(
+        resumed.durable().steps().unwrap(),
+        [1, 2],
+        "resuming promoted the newest fast checkpoint"
+    );
+    assert_eq!(weights(resumed.durable(), 2), vec![2.0; 256]);
+}
+
+#[test]
+fn with_the_fast_tier_gone_the_durable_tier_serves() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let first = tiers_over(&fast, &remote, Promotion::newest_only());
+    for step in [1, 2] {
+        first.save(step, Writer::new(model(step))).unwrap();
+    }
+    first.flush().unwrap();
+    // The machine is replaced: a new, empty local disk.
+    let replaced = tiers_over(
+        &Arc::new(MemoryStorage::new()),
+        &remote,
+        Promotion::newest_only(),
+    );
+    let latest = replaced.latest().unwrap().unwrap();
+    assert_eq!(latest.step(), 2);
+    assert!(Arc::ptr_eq(latest.storage(), replaced.durable().storage()));
+    assert_eq!(
+        latest.reader().unwrap().read_as::<f32>("w").unwrap(),
+        vec![2.0; 256]
+    );
+}
+
+#[test]
+fn a_remote_outage_never_holds_the_loop_and_flush_names_the_step_left_behind() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::newest_only());
+    remote.set(|g| g.down = true);
+    for step in [1, 2] {
+        tiered.save(step, Writer::new(model(step))).unwrap();
+    }
+    let error = tiered.flush().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Io);
+    assert!(
+        error
+            .to_string()
+            .contains("step 2 is on the fast tier only"),
+        "{error}"
+    );
+    assert!(tiered.durable().steps().unwrap().is_empty());
+    assert!(matches!(
+        promotions(&tiered)[1].1,
+        Some(PromotionState::Failed { .. })
+    ));
+    // The store is back: the step is promoted on demand, and the next save's promotion works.
+    remote.set(|g| g.down = false);
+    tiered.promote(2).unwrap();
+    tiered.save(3, Writer::new(model(3))).unwrap();
+    tiered.flush().unwrap();
+    assert_eq!(tiered.durable().steps().unwrap(), [2, 3]);
+    let listed = tiered.durable().list().unwrap();
+    assert!(listed.iter().all(|s| s.state == StepState::Complete));
+}
+
+#[test]
+fn a_durable_step_holding_other_bytes_is_not_overwritten() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::newest_only());
+    tiered.durable().save(5, Writer::new(model(50))).unwrap();
+    tiered.save(5, Writer::new(model(5))).unwrap();
+    let error = tiered.flush().unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::AlreadyExists, "{error}");
+    assert_eq!(weights(tiered.durable(), 5), vec![50.0; 256]);
+    // The same bytes there already count as promoted.
+    tiered.fast().save(6, Writer::new(model(6))).unwrap();
+    tiered.durable().save(6, Writer::new(model(6))).unwrap();
+    tiered.promote(6).unwrap();
+}
+
+#[test]
+fn ranks_promote_their_own_parts_and_the_durable_tier_commits_the_step() {
+    let remote = Remote::default();
+    let shape = [4u64, 2];
+    // Each rank saves to a local disk of its own.
+    let nodes: Vec<(Arc<MemoryStorage>, Tiered)> = (0..2)
+        .map(|_| {
+            let fast = Arc::new(MemoryStorage::new());
+            let tiered = tiers_over(&fast, &remote, Promotion::newest_only());
+            (fast, tiered)
+        })
+        .collect();
+    let save = |rank: u32| {
+        let base = 4.0 * rank as f32;
+        let rows = [base, base + 1.0, base + 2.0, base + 3.0];
+        let writer = Writer::new(vec![Tensor::from_slice("w", [2, 2], &rows)]);
+        let region = Region::split(&shape, 0, 2, u64::from(rank));
+        RankSave::new(rank, 2, writer).with_slice("w", shape, region)
+    };
+    for (rank, (_, tiered)) in nodes.iter().enumerate() {
+        let outcome = tiered.save_rank(7, save(rank as u32)).unwrap();
+        assert!(
+            matches!(outcome, RankOutcome::Written { .. }),
+            "a node's own disk never holds the other rank's manifest: {outcome:?}"
+        );
+    }
+    for (_, tiered) in &nodes {
+        tiered.flush().unwrap();
+    }
+    let durable = nodes[0].1.durable();
+    assert_eq!(durable.steps().unwrap(), [7]);
+    let weights = durable.open(7).unwrap().assembled().unwrap();
+    assert_eq!(
+        weights.read_as::<f32>("w").unwrap(),
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    );
+    assert_eq!(nodes[1].1.latest().unwrap().unwrap().step(), 7);
+    // The local parts are of no use once the durable tier holds the step: retention drops them.
+    let (fast, tiered) = &nodes[0];
+    let deleted = tiered
+        .retain(&PerTier {
+            fast: Retention::keep_last(1),
+            durable: Retention::keep_last(1),
+        })
+        .unwrap();
+    assert_eq!(deleted.fast, [7]);
+    assert!(fast.list("run").unwrap().is_empty());
+    assert_eq!(durable.steps().unwrap(), [7]);
+}
