@@ -97,7 +97,9 @@ pub enum PromotionState {
     Waiting,
     /// Being copied to the durable tier.
     Copying,
-    /// Complete on the durable tier.
+    /// On the durable tier: the checkpoint complete, or, for a rank's part
+    /// ([`Tiered::save_rank`](crate::Tiered::save_rank)), the part and its manifest (the step
+    /// commits once every rank's part is there).
     Promoted,
     /// Not promoted: the save of step `by` took its place in a full queue.
     Superseded {
@@ -111,7 +113,7 @@ pub enum PromotionState {
     Failed {
         /// The failure's kind.
         kind: ErrorKind,
-        /// The failure, with its causes.
+        /// What failed, as the error says it.
         message: String,
     },
 }
@@ -130,6 +132,7 @@ pub(crate) struct Job {
     pub(crate) rank: Option<(u32, u32)>,
 }
 
+/// The promotions of a [`Tiered`](crate::Tiered) value: waiting, being copied, ended.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
     /// Promotions waiting, oldest first.
@@ -230,7 +233,7 @@ impl Tiers {
         let step = job.step;
         let promoter = &self.promoter;
         let mut queue = promoter.lock();
-        if step % policy.multiple_of != 0 {
+        if !step.is_multiple_of(policy.multiple_of) {
             queue.set(step, PromotionState::NotChosen);
             return Ok(());
         }

@@ -709,3 +709,48 @@ fn incremental_checkpoints_list_verify_gc_and_materialize() {
     assert_eq!(reader.read("frozen").unwrap(), vec![7u8; 1 << 20]);
     assert_eq!(reader.read("adapter").unwrap(), vec![3u8; 4096]);
 }
+
+/// Tiered checkpoints: `ls FAST --durable DURABLE` shows each step on both tiers, and which
+/// are on the fast tier only.
+#[test]
+fn tiered_checkpoints_list_both_tiers_side_by_side() {
+    use weightbay_checkpoints::{Checkpoints, Tiered};
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| {
+        Checkpoints::new(
+            weightbay_local::LocalStorage::new(dir.path().join(name)),
+            "run",
+        )
+    };
+    let tiered = Tiered::new(at("fast"), at("durable"));
+    let writer = |step: u64| {
+        Writer::new(vec![Tensor::new(
+            "w",
+            DType::U8,
+            [64],
+            vec![step as u8; 64],
+        )])
+    };
+    for step in [10, 20] {
+        tiered.save(step, writer(step)).unwrap();
+    }
+    tiered.flush().unwrap();
+    // Saved on the fast tier by a run killed before promoting it.
+    tiered.fast().save(30, writer(30)).unwrap();
+    let fast = dir.path().join("fast/run");
+    let durable = dir.path().join("durable/run");
+    let output = weightbay(&[
+        "ls",
+        fast.to_str().unwrap(),
+        "--durable",
+        durable.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(line_of(&stdout, "20").ends_with("durable"), "{stdout}");
+    assert!(
+        line_of(&stdout, "30").contains("on the fast tier only"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("complete").count(), 5, "{stdout}");
+}

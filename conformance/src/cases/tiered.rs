@@ -74,6 +74,9 @@ fn check_durable(fast: &Checkpoints, durable: &Checkpoints, case: &str, context:
     }
 }
 
+/// A way to promote a step of the tiers: what the case fails at every operation.
+type Promote = dyn Fn(&Tiered, u64) -> Result<()>;
+
 /// Promotions failing at every operation of the durable tier in turn, on demand
 /// ([`Tiered::promote`]) and queued behind a save ([`Tiered::save`], then
 /// [`Tiered::flush`]): the durable tier shows each step complete with the fast tier's bytes,
@@ -86,7 +89,7 @@ pub fn tiered_promotions_survive_durable_faults<H: Harness>(harness: &H, case: &
     let fast = Checkpoints::new(MemoryStorage::new(), PREFIX);
     let durable = Checkpoints::over(Arc::new(harness.reopen(&storage)), PREFIX);
     let mut step = 0;
-    let ways: [(&str, &dyn Fn(&Tiered, u64) -> Result<()>); 2] = [
+    let ways: [(&str, &Promote); 2] = [
         ("promoting on demand", &|tiered, step| {
             tiered.fast().save(step, Writer::new(model(step)))?;
             tiered.promote(step).map(drop)
