@@ -108,8 +108,10 @@ pub enum PromotionState {
     },
     /// Not promoted: the policy promotes only multiples of [`Promotion::multiple_of`].
     NotChosen,
-    /// The copy failed; nothing of it is complete on the durable tier, and what it left there
-    /// is [`Checkpoints::gc`]'s.
+    /// The promotion failed. Nothing of it became complete on the durable tier, but for a
+    /// rank's part whose commit failed after its manifest was written; what it left there is
+    /// [`Checkpoints::gc`]'s. (A step the durable tier held already, with other bytes, fails
+    /// with [`ErrorKind::AlreadyExists`] and stays as it was.)
     Failed {
         /// The failure's kind.
         kind: ErrorKind,
@@ -137,8 +139,10 @@ pub(crate) struct Job {
 pub(crate) struct Queue {
     /// Promotions waiting, oldest first.
     waiting: VecDeque<Job>,
-    /// The step being copied.
-    copying: Option<u64>,
+    /// The promotions being copied: the worker's, and those [`Tiered::promote`] runs.
+    ///
+    /// [`Tiered::promote`]: crate::Tiered::promote
+    copying: Vec<Job>,
     /// What became of every step this value saved, newest [`REMEMBERED`].
     outcomes: BTreeMap<u64, PromotionState>,
     /// Whether a worker thread runs (it ends when the queue is empty).
@@ -146,9 +150,12 @@ pub(crate) struct Queue {
     /// The failure of the newest promotion the worker made, while no newer one succeeded:
     /// what [`Tiered::flush`](crate::Tiered::flush) reports.
     pub(crate) failure: Option<(u64, Error)>,
-    /// Steps of the fast tier this value verified against their records (it trusts those and
-    /// the ones it saved itself).
-    pub(crate) verified: BTreeSet<u64>,
+    /// Steps of the fast tier this value saved or verified against their records: trusted
+    /// without reading them again (newest [`REMEMBERED`]).
+    trusted: BTreeSet<u64>,
+    /// Steps of the fast tier that failed verification: passed over without reading them
+    /// again.
+    pub(crate) torn: BTreeSet<u64>,
 }
 
 impl Queue {
@@ -159,7 +166,15 @@ impl Queue {
 
     /// Whether this value saved `step` on the fast tier or verified it there.
     pub(crate) fn trusts(&self, step: u64) -> bool {
-        self.outcomes.contains_key(&step) || self.verified.contains(&step)
+        self.trusted.contains(&step)
+    }
+
+    /// Notes that this value saved `step` on the fast tier, or verified it there.
+    pub(crate) fn trust(&mut self, step: u64) {
+        self.trusted.insert(step);
+        while self.trusted.len() > REMEMBERED {
+            self.trusted.pop_first();
+        }
     }
 
     /// Notes that the promotion of `step` ended with `result`. A success forgets the failure
@@ -186,7 +201,10 @@ impl Queue {
 
     /// Whether `step`'s promotion waits or is being copied: the fast tier must keep it.
     pub(crate) fn is_pending(&self, step: u64) -> bool {
-        self.copying == Some(step) || self.waiting.iter().any(|job| job.step == step)
+        self.copying
+            .iter()
+            .chain(&self.waiting)
+            .any(|job| job.step == step)
     }
 
     fn set(&mut self, step: u64, state: PromotionState) {
@@ -213,7 +231,7 @@ impl Promoter {
     /// Waits until nothing waits or is being copied.
     pub(crate) fn wait_idle(&self) {
         let mut queue = self.lock();
-        while queue.copying.is_some() || !queue.waiting.is_empty() {
+        while !queue.copying.is_empty() || !queue.waiting.is_empty() {
             queue = self
                 .changed
                 .wait(queue)
@@ -224,11 +242,12 @@ impl Promoter {
 
 impl Tiers {
     /// Queues `job` by `policy`, holding the caller at most `policy.max_block`, and starts a
-    /// worker if none runs.
+    /// worker if none runs. A rank's part is never superseded: whether a step's parts are
+    /// all promoted must not hang on each node's timing.
     ///
     /// # Errors
-    /// [`ErrorKind::Io`] when the worker thread cannot start (the promotion stays queued for
-    /// the next one).
+    /// [`ErrorKind::Io`] when the worker thread cannot start (the promotion is then
+    /// [`Failed`](PromotionState::Failed), and not queued).
     pub(crate) fn queue(self: &Arc<Self>, job: Job, policy: &Promotion) -> Result<()> {
         let step = job.step;
         let promoter = &self.promoter;
@@ -237,11 +256,8 @@ impl Tiers {
             queue.set(step, PromotionState::NotChosen);
             return Ok(());
         }
-        if queue.is_pending(step) {
-            return Ok(());
-        }
         let until = Instant::now() + policy.max_block;
-        while queue.waiting.len() >= policy.max_waiting {
+        while job.rank.is_none() && queue.waiting.len() >= policy.max_waiting {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 if let Some(oldest) = queue.waiting.pop_front() {
@@ -255,6 +271,9 @@ impl Tiers {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+        if queue.waiting.contains(&job) || queue.copying.contains(&job) {
+            return Ok(());
+        }
         queue.waiting.push_back(job);
         queue.set(step, PromotionState::Waiting);
         if queue.working {
@@ -262,9 +281,17 @@ impl Tiers {
         }
         let tiers = Arc::clone(self);
         // Detached: the worker ends once the queue is empty, and `flush` waits for that.
-        Background::spawn("weightbay-promotion", move || tiers.work())?;
-        queue.working = true;
-        Ok(())
+        match Background::spawn("weightbay-promotion", move || tiers.work()) {
+            Ok(_) => {
+                queue.working = true;
+                Ok(())
+            }
+            Err(e) => {
+                queue.waiting.retain(|waiting| *waiting != job);
+                queue.ended::<()>(step, &Err(Error::new(e.kind(), e.to_string())));
+                Err(e)
+            }
+        }
     }
 
     /// The worker: copies the oldest waiting promotion until none waits.
@@ -277,28 +304,20 @@ impl Tiers {
                     self.promoter.changed.notify_all();
                     return;
                 };
-                queue.copying = Some(job.step);
+                queue.copying.push(job);
                 queue.set(job.step, PromotionState::Copying);
                 self.promoter.changed.notify_all();
                 job
             };
-            let (promoted, unsaved) = match job.rank {
-                Some(rank) => {
-                    let copied = self.durable.copy_rank_from(&self.fast, job.step, rank);
-                    (copied.map(drop), false)
-                }
-                None => {
-                    // A background save of the step may still be writing it.
-                    self.fast.saves.wait_while_saving(job.step);
-                    let opened = self.fast.open(job.step);
-                    let unsaved = opened
-                        .as_ref()
-                        .is_err_and(|e| e.kind() == ErrorKind::NotFound);
-                    (opened.and_then(|c| self.copy(&c)).map(drop), unsaved)
-                }
-            };
+            // A panic is this promotion's failure, not the end of the worker: a worker gone
+            // with promotions still queued would leave `flush` waiting for ever.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run(job)));
+            let (promoted, unsaved) = run.unwrap_or_else(|_| {
+                let panicked = format!("the promotion of step {} panicked", job.step);
+                (Err(Error::new(ErrorKind::Io, panicked)), false)
+            });
             let mut queue = self.promoter.lock();
-            queue.copying = None;
+            queue.copying.retain(|copying| *copying != job);
             queue.ended(job.step, &promoted);
             match promoted {
                 // A save that did not commit reported that itself, through its handle.
@@ -310,20 +329,54 @@ impl Tiers {
         }
     }
 
-    /// Copies `step` from the fast tier to the durable one (see [`copy`](Self::copy)), once
-    /// the fast tier's save of it (a background save, maybe) has ended.
+    /// Runs `job`: how it ended, and whether it failed because the fast tier's save of the
+    /// step did not commit.
+    fn run(&self, job: Job) -> (Result<()>, bool) {
+        match job.rank {
+            Some(rank) => {
+                let copied = self.durable.copy_rank_from(&self.fast, job.step, rank);
+                let named = |e: Error| {
+                    e.context(format!("rank {} of {}, step {}", rank.0, rank.1, job.step))
+                };
+                (copied.map(drop).map_err(named), false)
+            }
+            None => {
+                // A background save of the step may still be writing it.
+                self.fast.saves.wait_while_saving(job.step);
+                let opened = self.fast.open(job.step);
+                let unsaved = opened
+                    .as_ref()
+                    .is_err_and(|e| e.kind() == ErrorKind::NotFound);
+                (opened.and_then(|c| self.copy(&c)).map(drop), unsaved)
+            }
+        }
+    }
+
+    /// Copies `step` from the fast tier to the durable one now, on the calling thread (see
+    /// [`copy`](Self::copy)), once the fast tier's save of it (a background save, maybe) has
+    /// ended; marked as being copied meanwhile, so retention keeps it.
     ///
     /// # Errors
     /// [`ErrorKind::NotFound`] when the fast tier holds no complete `step`; as
     /// [`copy`](Self::copy).
     pub(crate) fn promote(&self, step: u64) -> Result<CommitRecord> {
+        let job = Job { step, rank: None };
+        self.promoter.lock().copying.push(job);
         self.fast.saves.wait_while_saving(step);
-        let checkpoint = self.fast.open(step).map_err(|e| {
-            e.context(format!(
-                "step {step} is not a complete checkpoint on the fast tier"
-            ))
-        })?;
-        self.copy(&checkpoint)
+        let promoted = self
+            .fast
+            .open(step)
+            .map_err(|e| {
+                e.context(format!(
+                    "step {step} is not a complete checkpoint on the fast tier"
+                ))
+            })
+            .and_then(|checkpoint| self.copy(&checkpoint));
+        let mut queue = self.promoter.lock();
+        queue.copying.retain(|copying| *copying != job);
+        queue.ended(step, &promoted);
+        self.promoter.changed.notify_all();
+        promoted
     }
 
     /// Copies `checkpoint` of the fast tier to the durable one: its containers with their

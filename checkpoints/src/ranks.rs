@@ -174,6 +174,11 @@ impl RankSave {
         (self.rank, self.world_size)
     }
 
+    /// Whether a rendezvous decides who commits, instead of a listing.
+    pub(crate) fn has_rendezvous(&self) -> bool {
+        self.rendezvous.is_some()
+    }
+
     /// The manifest entries of the writer's tensors, each checked.
     fn tensors(&self, container: &str) -> Result<BTreeMap<String, RankTensor>> {
         let mut tensors = BTreeMap::new();

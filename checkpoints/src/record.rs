@@ -24,6 +24,14 @@ pub(crate) const FAILURE_VERSION: u32 = 1;
 /// The largest commit record or manifest read.
 const MAX_RECORD_LEN: u64 = 16 * 1024 * 1024;
 
+/// What [`CommitRecord::fingerprint`] returns: format, metadata, and each container's name,
+/// length and CRC32C.
+pub(crate) type Fingerprint<'a> = (
+    &'a str,
+    &'a BTreeMap<String, String>,
+    Vec<(&'a str, u64, u32)>,
+);
+
 /// What a checkpoint's commit record says: written last, it is the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -72,14 +80,21 @@ impl CommitRecord {
         references
     }
 
-    /// What the record says the checkpoint's bytes are, wherever they are stored: for an
-    /// incremental save, its one container's name, length and CRC32C; otherwise each
-    /// container's name within its save directory, length and CRC32C. A checkpoint and its
-    /// copies ([`Checkpoints::copy_from`](crate::Checkpoints::copy_from)) have the same.
-    pub(crate) fn fingerprint(&self) -> Vec<(&str, u64, u32)> {
-        if let Some(pieces) = &self.pieces {
-            return vec![(pieces.name.as_str(), pieces.len, pieces.crc32c)];
-        }
+    /// What the record says the checkpoint is, wherever its bytes are stored: its format and
+    /// metadata, and for an incremental save its one container's name, length and CRC32C,
+    /// otherwise each container's name within its save directory, length and CRC32C. A
+    /// checkpoint and its copies ([`Checkpoints::copy_from`](crate::Checkpoints::copy_from))
+    /// have the same.
+    pub(crate) fn fingerprint(&self) -> Fingerprint<'_> {
+        let containers = match &self.pieces {
+            Some(pieces) => vec![(pieces.name.as_str(), pieces.len, pieces.crc32c)],
+            None => self.containers_by_name(),
+        };
+        (self.format.as_str(), &self.metadata, containers)
+    }
+
+    /// Each container's name within its save directory, length and CRC32C.
+    fn containers_by_name(&self) -> Vec<(&str, u64, u32)> {
         self.containers
             .iter()
             .map(|c| {

@@ -155,8 +155,7 @@ impl Tiered {
         options: SaveOptions,
     ) -> Result<CommitRecord> {
         let record = self.tiers.fast.save_with(step, writer, options)?;
-        self.tiers
-            .queue(Job { step, rank: None }, &self.promotion)?;
+        self.saved(step)?;
         Ok(record)
     }
 
@@ -174,9 +173,15 @@ impl Tiered {
         options: SaveOptions,
     ) -> Result<SaveHandle> {
         let handle = self.tiers.fast.save_in_background(step, writer, options)?;
-        self.tiers
-            .queue(Job { step, rank: None }, &self.promotion)?;
+        self.saved(step)?;
         Ok(handle)
+    }
+
+    /// Trusts `step`, which this value saves on the fast tier (it is complete there only once
+    /// the save commits), and queues its promotion.
+    fn saved(&self, step: u64) -> Result<()> {
+        self.tiers.promoter.lock().trust(step);
+        self.tiers.queue(Job { step, rank: None }, &self.promotion)
     }
 
     /// Saves one rank's part of `step` on the fast tier ([`Checkpoints::save_rank`]; on a fast
@@ -184,13 +189,24 @@ impl Tiered {
     /// of that part: the rank's containers copied to the durable tier (CRC32C checked), then
     /// its manifest, then the listing after which the rank that sees every manifest commits,
     /// so no node waits for another and the durable tier commits by the protocol of
-    /// [`RankSave`]. Returns the fast tier's outcome; the part's promotion shows as the step's
-    /// in [`list`](Self::list).
+    /// [`RankSave`]. The policy's [`multiples_of`](Promotion::multiples_of) chooses the steps
+    /// promoted, but a rank's part is never superseded (each node would otherwise skip other
+    /// steps, and no step would have every part). The save's timeout bounds the fast tier's
+    /// save. Returns the fast tier's outcome; the part's promotion shows as the step's in
+    /// [`list`](Self::list).
     ///
     /// # Errors
-    /// As [`Checkpoints::save_rank`] on the fast tier; [`ErrorKind::Io`](weightbay::ErrorKind::Io)
-    /// when the promotion thread cannot start.
+    /// [`ErrorKind::InvalidInput`](weightbay::ErrorKind::InvalidInput) for a save with a
+    /// rendezvous; as [`Checkpoints::save_rank`] on the fast tier;
+    /// [`ErrorKind::Io`](weightbay::ErrorKind::Io) when the promotion thread cannot start.
     pub fn save_rank(&self, step: u64, save: RankSave) -> Result<RankOutcome> {
+        if save.has_rendezvous() {
+            return Err(weightbay::Error::invalid(
+                "a tiered rank save commits on the durable tier by listing its manifests: a \
+                 rendezvous (RankSave::with_rendezvous) would decide on the node's own fast \
+                 tier, which holds no other rank's part",
+            ));
+        }
         let rank = save.rank();
         let outcome = self.tiers.fast.save_rank(step, save)?;
         let job = Job {
@@ -201,17 +217,16 @@ impl Tiered {
         Ok(outcome)
     }
 
-    /// Promotes `step` now, on the calling thread, whatever the policy: a checkpoint the
-    /// policy skipped, or one whose promotion failed, to retry it.
+    /// Promotes the checkpoint of `step` now, on the calling thread, whatever the policy: one
+    /// the policy skipped, or one whose promotion failed, to retry it (a rank's part is
+    /// promoted again by its rank's next [`save_rank`](Self::save_rank) of the step).
     ///
     /// # Errors
     /// [`ErrorKind::NotFound`](weightbay::ErrorKind::NotFound) when the fast tier holds no complete `step`;
     /// [`ErrorKind::AlreadyExists`](weightbay::ErrorKind::AlreadyExists) when the durable tier holds `step` with other bytes; the
     /// copy's errors.
     pub fn promote(&self, step: u64) -> Result<CommitRecord> {
-        let promoted = self.tiers.promote(step);
-        self.tiers.promoter.lock().ended(step, &promoted);
-        promoted
+        self.tiers.promote(step)
     }
 
     /// Waits for the fast tier's save in flight and every queued promotion, and reports a
@@ -326,41 +341,53 @@ impl Tiered {
     /// The fast tier's checkpoint of `step` when it is complete there and this value saved it
     /// or it verifies.
     fn trusted_fast(&self, step: u64) -> Option<Checkpoint> {
+        if self.tiers.promoter.lock().torn.contains(&step) {
+            return None;
+        }
         let checkpoint = self.tiers.fast.open(step).ok()?;
         if self.tiers.promoter.lock().trusts(step) {
             return Some(checkpoint);
         }
-        checkpoint.verify().ok()?;
-        self.tiers.promoter.lock().verified.insert(step);
-        Some(checkpoint)
+        let verified = checkpoint.verify();
+        let mut queue = self.tiers.promoter.lock();
+        match verified {
+            Ok(_) => {
+                queue.trust(step);
+                Some(checkpoint)
+            }
+            Err(_) => {
+                queue.torn.insert(step);
+                None
+            }
+        }
     }
 
     /// Deletes, on each tier, the committed checkpoints its policy does not keep (as
     /// [`Checkpoints::retain`]), except that the fast tier keeps every step whose promotion
-    /// waits or is being copied. On the fast tier, rank parts of a step it never committed
-    /// (each node saving to its own disk) go once the durable tier holds the step complete.
-    /// Returns the steps deleted on each.
+    /// waits or is being copied. On the fast tier, rank parts of steps it never committed
+    /// (each node saving to a disk of its own) go once the durable tier's newest complete
+    /// checkpoint is as new as they are. Returns the steps deleted on each.
     ///
     /// # Errors
     /// Either tier's errors; what was deleted before stays deleted.
     pub fn retain(&self, policy: &PerTier<Retention>) -> Result<PerTier<Vec<u64>>> {
+        let mut doomed = self.tiers.fast.retention_plan(&policy.fast)?;
+        let rank_parts: Vec<u64> = self
+            .tiers
+            .fast
+            .list()?
+            .into_iter()
+            .filter(|s| s.state == StepState::Uncommitted && s.ranks.is_some())
+            .map(|s| s.step)
+            .collect();
+        if !rank_parts.is_empty() {
+            let newest = self.tiers.durable.steps()?.last().copied();
+            doomed.extend(rank_parts.into_iter().filter(|&s| Some(s) <= newest));
+            doomed.sort_unstable();
+        }
         let fast = {
             // Held while deleting, so no promotion starts reading a step deleted under it.
             let queue = self.tiers.promoter.lock();
-            let mut doomed = self.tiers.fast.retention_plan(&policy.fast)?;
-            let rank_parts: Vec<u64> = self
-                .tiers
-                .fast
-                .list()?
-                .into_iter()
-                .filter(|s| s.state == StepState::Uncommitted && s.ranks.is_some())
-                .map(|s| s.step)
-                .collect();
-            if !rank_parts.is_empty() {
-                let durable = self.tiers.durable.steps()?;
-                doomed.extend(rank_parts.into_iter().filter(|s| durable.contains(s)));
-                doomed.sort_unstable();
-            }
             doomed.retain(|&step| !queue.is_pending(step));
             self.tiers.fast.delete_steps(&doomed)?;
             doomed

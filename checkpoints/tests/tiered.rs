@@ -282,6 +282,11 @@ fn a_torn_fast_copy_is_passed_over_and_a_resumed_run_promotes_the_newest() {
         "resuming promoted the newest fast checkpoint"
     );
     assert_eq!(weights(resumed.durable(), 2), vec![2.0; 256]);
+    // Promoting the torn step on demand fails on its CRC32C, and does not make it trusted.
+    let error = resumed.promote(3).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
+    assert_eq!(resumed.latest().unwrap().unwrap().step(), 2);
+    assert_eq!(resumed.durable().steps().unwrap(), [1, 2]);
 }
 
 #[test]
@@ -401,4 +406,26 @@ fn ranks_promote_their_own_parts_and_the_durable_tier_commits_the_step() {
     assert_eq!(deleted.fast, [7]);
     assert!(fast.list("run").unwrap().is_empty());
     assert_eq!(durable.steps().unwrap(), [7]);
+}
+
+#[test]
+fn rank_parts_are_never_superseded_and_a_rendezvous_is_refused() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::newest_only());
+    let save = |step: u64| {
+        let writer = Writer::new(model(step));
+        RankSave::new(0, 1, writer)
+    };
+    remote.set(|g| g.closed = true);
+    for step in 1..=3 {
+        tiered.save_rank(step, save(step)).unwrap();
+    }
+    remote.set(|g| g.closed = false);
+    tiered.flush().unwrap();
+    // One rank of one: each part promoted commits its step on the durable tier.
+    assert_eq!(tiered.durable().steps().unwrap(), [1, 2, 3]);
+    let error = tiered
+        .save_rank(4, save(4).with_rendezvous(|| Ok(true)))
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput, "{error}");
 }
