@@ -218,17 +218,29 @@ fn capped_loop(b: &mut Bench<'_>, local: &Arc<dyn Storage>) -> Result<()> {
                 train_step(&mut state);
                 if Instant::now() >= next_save && saved_at.len() < LOOP_SAVES as usize {
                     step += 1;
+                    let t0 = Instant::now();
                     if let Some(previous) = handle.take() {
                         weightbay_checkpoints::SaveHandle::wait(previous)?;
                     }
+                    let t1 = Instant::now();
                     saved_at.push((step, Instant::now()));
                     let writer = Writer::new(big.ours()).with_durability(Durability::Durable);
                     handle =
                         Some(tiered.save_in_background(step, writer, SaveOptions::default())?);
+                    let t2 = Instant::now();
                     tiered.retain(&PerTier {
                         fast: Retention::keep_last(2),
                         durable: Retention::keep_last(2),
                     })?;
+                    // Where a saving step's time goes: the previous local save still running,
+                    // the call, the retention pass.
+                    println!(
+                        "    save of step {step}: waited {:.2} s for the previous save, the call \
+                         took {:.1} ms, retention {:.2} s",
+                        (t1 - t0).as_secs_f64(),
+                        (t2 - t1).as_secs_f64() * 1e3,
+                        t2.elapsed().as_secs_f64()
+                    );
                     next_save += SAVE_EVERY;
                 }
                 Ok(())
