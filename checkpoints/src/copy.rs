@@ -69,33 +69,16 @@ impl Checkpoints {
         for slice in record.tensors.values_mut().flat_map(|t| &mut t.slices) {
             slice.container = moved(&slice.container);
         }
-        let mut written = Vec::new();
-        let copied = checkpoint
-            .record
-            .containers
-            .iter()
-            .zip(record.containers.iter_mut())
-            .try_for_each(|(from, to)| {
-                to.key = moved(&from.key);
-                let key = format!("{dir}/{}", to.key);
-                written.push(key.clone());
-                let from_key = checkpoint.key(&from.key);
-                let source = checkpoint
-                    .storage
-                    .open(&from_key)
-                    .map_err(|e| e.with_key(&from_key))?;
-                let from_source = (source.as_ref(), from_key.as_str());
-                copy_checked(from_source, from, self.storage.as_ref(), &key, durability)
-            });
-        let committed = copied
-            .and_then(|()| encode(&record))
-            .and_then(|body| self.storage.write_new(&record_key, &body, durability));
-        if let Err(e) = committed {
-            for key in written {
-                let _ = self.storage.delete(&key);
-            }
-            return Err(e);
-        }
+        record.containers = self.copy_stored(
+            (checkpoint.storage.as_ref(), checkpoint.dir()),
+            &checkpoint.record.containers,
+            dir,
+            moved,
+            durability,
+        )?;
+        encode(&record)
+            .and_then(|body| self.storage.write_new(&record_key, &body, durability))
+            .inspect_err(|_| self.remove_containers(dir, &record.containers))?;
         Ok(record)
     }
 }
@@ -217,35 +200,15 @@ impl Checkpoints {
             format!("{save}/{file}")
         };
         let mut manifest = theirs.clone();
-        let mut written = Vec::new();
-        let copied = theirs
-            .containers
-            .iter()
-            .zip(manifest.containers.iter_mut())
-            .try_for_each(|(container, to)| {
-                to.key = moved(&container.key);
-                let to_key = format!("{dir}/{}", to.key);
-                written.push(to_key.clone());
-                let from_key = format!("{from_dir}/{}", container.key);
-                let source = from
-                    .storage
-                    .open(&from_key)
-                    .map_err(|e| e.with_key(&from_key))?;
-                let from_source = (source.as_ref(), from_key.as_str());
-                let (storage, durability) = (self.storage.as_ref(), Durability::Default);
-                copy_checked(from_source, container, storage, &to_key, durability)
-            });
+        manifest.containers = self.copy_stored(
+            (from.storage.as_ref(), &from_dir),
+            &theirs.containers,
+            &dir,
+            moved,
+            Durability::Default,
+        )?;
         for tensor in manifest.tensors.values_mut() {
             tensor.container = moved(&tensor.container);
-        }
-        let removed = |written: &[String]| {
-            for key in written {
-                let _ = self.storage.delete(key);
-            }
-        };
-        if let Err(e) = copied {
-            removed(&written);
-            return Err(e);
         }
         match self
             .storage
@@ -253,13 +216,58 @@ impl Checkpoints {
         {
             Ok(()) => Ok((manifest, false)),
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                removed(&written);
+                self.remove_containers(&dir, &manifest.containers);
                 let first: RankManifest = read_json(self.storage.as_ref(), key, "rank manifest")?;
                 check_same(&first, &manifest, key).map(|()| (first, true))
             }
             // The manifest may have been written all the same (an answer lost), naming these
             // containers: they stay, as a rank's own save leaves them.
             Err(e) => Err(e),
+        }
+    }
+}
+
+impl Checkpoints {
+    /// Streams every one of `containers`, stored under directory `from_dir` of `from`, here to
+    /// `dir` and the key `moved` makes of its own, each CRC32C checked against its record;
+    /// returns their records with the new keys. On a failure it removes what it wrote.
+    fn copy_stored(
+        &self,
+        (from, from_dir): (&dyn Storage, &str),
+        containers: &[ContainerRecord],
+        dir: &str,
+        moved: impl Fn(&str) -> String,
+        durability: Durability,
+    ) -> Result<Vec<ContainerRecord>> {
+        let mut copied = Vec::with_capacity(containers.len());
+        for container in containers {
+            let to = ContainerRecord {
+                key: moved(&container.key),
+                ..container.clone()
+            };
+            let from_key = format!("{from_dir}/{}", container.key);
+            let written = from
+                .open(&from_key)
+                .map_err(|e| e.with_key(&from_key))
+                .and_then(|source| {
+                    let key = format!("{dir}/{}", to.key);
+                    let source = (source.as_ref(), from_key.as_str());
+                    copy_checked(source, container, self.storage.as_ref(), &key, durability)
+                });
+            if let Err(e) = written {
+                // The one that failed left nothing: its sink aborted.
+                self.remove_containers(dir, &copied);
+                return Err(e);
+            }
+            copied.push(to);
+        }
+        Ok(copied)
+    }
+
+    /// Removes `containers` (keys relative to `dir`), best effort: what is left is gc's.
+    fn remove_containers(&self, dir: &str, containers: &[ContainerRecord]) {
+        for container in containers {
+            let _ = self.storage.delete(&format!("{dir}/{}", container.key));
         }
     }
 }
