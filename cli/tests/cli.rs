@@ -714,7 +714,7 @@ fn incremental_checkpoints_list_verify_gc_and_materialize() {
 /// are on the fast tier only.
 #[test]
 fn tiered_checkpoints_list_both_tiers_side_by_side() {
-    use weightbay_checkpoints::{Checkpoints, Tiered};
+    use weightbay_checkpoints::{Checkpoints, Promotion, Tiered};
     let dir = tempfile::tempdir().unwrap();
     let at = |name: &str| {
         Checkpoints::new(
@@ -722,7 +722,8 @@ fn tiered_checkpoints_list_both_tiers_side_by_side() {
             "run",
         )
     };
-    let tiered = Tiered::new(at("fast"), at("durable"));
+    // Every save promoted: with the newest only, step 20 may take step 10's place.
+    let tiered = Tiered::new(at("fast"), at("durable")).with_promotion(Promotion::every_save());
     let writer = |step: u64| {
         Writer::new(vec![Tensor::new(
             "w",
