@@ -137,9 +137,10 @@ pub(crate) const CASES: &[Case] = &[
     (&["candle"], cases::candle::candle_cases),
     (
         &[
-            "cold start: llama one tensor at a time",
-            "cold start: llama prefetched",
-            "cold start: staging pool",
+            "cold start: llama one tensor at a time via weightbay-candle",
+            "cold start: llama prefetched into the fetch's buffers, then copied by candle",
+            "cold start: llama prefetched via weightbay-candle (landing in candle's memory)",
+            "cold start: into a reused staging pool",
         ],
         cases::cold_start::cold_start_cases,
     ),

@@ -141,6 +141,8 @@ pub(crate) struct SlowStore {
     latency: Duration,
     bytes_per_second: Option<f64>,
     limits: Option<PrefixLimits>,
+    /// GETs that may be open at once: a client's connections, which more requests wait for.
+    connections: Option<Arc<tokio::sync::Semaphore>>,
     windows: Arc<Windows>,
     counts: Arc<Counts>,
 }
@@ -153,6 +155,7 @@ impl SlowStore {
             latency,
             bytes_per_second: None,
             limits: None,
+            connections: None,
             windows: Arc::default(),
             counts: Arc::default(),
         }
@@ -173,6 +176,13 @@ impl SlowStore {
     /// Bodies move at most `bytes_per_second` per connection.
     pub(crate) fn with_bandwidth(mut self, bytes_per_second: f64) -> Self {
         self.bytes_per_second = Some(bytes_per_second);
+        self
+    }
+
+    /// At most `connections` GETs are open at once (from their request to the end of their
+    /// body); more wait for one to close before their latency starts.
+    pub(crate) fn with_connections(mut self, connections: usize) -> Self {
+        self.connections = Some(Arc::new(tokio::sync::Semaphore::new(connections)));
         self
     }
 
@@ -266,7 +276,18 @@ impl ObjectStore for SlowStore {
             &self.counts.gets
         };
         counter.fetch_add(1, Ordering::SeqCst);
-        let open = Open::new(&self.counts);
+        let connection = match &self.connections {
+            Some(connections) => {
+                Some(Arc::clone(connections).acquire_owned().await.map_err(|e| {
+                    object_store::Error::Generic {
+                        store: "SlowStore",
+                        source: Box::new(e),
+                    }
+                })?)
+            }
+            None => None,
+        };
+        let open = (Open::new(&self.counts), connection);
         tokio::time::sleep(self.latency).await;
         self.admit(Some(location), false)?;
         let mut result = self.inner.get_opts(location, options).await?;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use weightbay::backend_kit::check_ranges;
+use weightbay::backend_kit::{check_jobs, check_ranges};
 use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Source, Storage};
 
 use crate::record::Pieces;
@@ -235,32 +235,10 @@ impl Source for Spliced {
                 runs.len() - 1
             })
             .collect();
-        let fetch = |stored: usize, runs: &[Range<u64>]| {
+        let fetched = side_by_side(asked, |stored, runs| {
             let (key, source) = &self.stored[stored];
-            source.fetch(runs).map_err(|e| e.with_key(key))
-        };
-        let fetched: BTreeMap<usize, Vec<Bytes>> = if asked.len() == 1 {
-            asked
-                .iter()
-                .map(|(&stored, runs)| Ok((stored, fetch(stored, runs)?)))
-                .collect::<Result<_>>()?
-        } else {
-            std::thread::scope(|scope| {
-                let workers: Vec<_> = asked
-                    .iter()
-                    .map(|(&stored, runs)| (stored, scope.spawn(move || fetch(stored, runs))))
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|(stored, worker)| {
-                        let bytes = worker.join().unwrap_or_else(|_| {
-                            Err(Error::new(ErrorKind::Io, "a fetch thread panicked"))
-                        })?;
-                        Ok((stored, bytes))
-                    })
-                    .collect::<Result<_>>()
-            })?
-        };
+            source.fetch(&runs).map_err(|e| e.with_key(key))
+        })?;
         let piece = |i: usize| -> Result<&Bytes> {
             let part = &parts[i];
             fetched
@@ -299,6 +277,33 @@ impl Source for Spliced {
         Ok(out)
     }
 
+    /// Each job cut at the stored containers' boundaries, and one `fetch_into` per stored
+    /// container of every piece it holds, the containers read side by side.
+    fn fetch_into(&self, jobs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        check_jobs(jobs, self.len)?;
+        let mut shares: BTreeMap<usize, Vec<(u64, &mut [u8])>> = BTreeMap::new();
+        let mut parts = Vec::new();
+        for (out, (offset, buf)) in jobs.iter_mut().enumerate() {
+            parts.clear();
+            self.parts(out, &(*offset..*offset + buf.len() as u64), &mut parts);
+            // The parts tile the job's range in order.
+            let mut rest: &mut [u8] = buf;
+            for part in &parts {
+                let (piece, tail) = std::mem::take(&mut rest).split_at_mut(part.len as usize);
+                rest = tail;
+                shares
+                    .entry(part.stored)
+                    .or_default()
+                    .push((part.offset, piece));
+            }
+        }
+        side_by_side(shares, |stored, mut share| {
+            let (key, source) = &self.stored[stored];
+            source.fetch_into(&mut share).map_err(|e| e.with_key(key))
+        })?;
+        Ok(())
+    }
+
     fn fetch_ahead(&self) -> u64 {
         self.stored
             .iter()
@@ -306,4 +311,34 @@ impl Source for Spliced {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// `read` of each stored container's share of a batched read, on threads of their own when
+/// there are several, so the containers' requests run side by side.
+fn side_by_side<T: Send, R: Send>(
+    shares: BTreeMap<usize, T>,
+    read: impl Fn(usize, T) -> Result<R> + Sync,
+) -> Result<BTreeMap<usize, R>> {
+    if shares.len() <= 1 {
+        return shares
+            .into_iter()
+            .map(|(stored, share)| Ok((stored, read(stored, share)?)))
+            .collect();
+    }
+    let read = &read;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = shares
+            .into_iter()
+            .map(|(stored, share)| (stored, scope.spawn(move || read(stored, share))))
+            .collect();
+        workers
+            .into_iter()
+            .map(|(stored, worker)| {
+                let read = worker
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "a read thread panicked")))?;
+                Ok((stored, read))
+            })
+            .collect()
+    })
 }

@@ -320,6 +320,11 @@ impl Source for FaultySource {
         self.plan.storage_op("fetch", || self.inner.fetch(ranges))
     }
 
+    fn fetch_into(&self, jobs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        self.plan
+            .storage_op("fetch_into", || self.inner.fetch_into(jobs))
+    }
+
     fn fetch_ahead(&self) -> u64 {
         self.inner.fetch_ahead()
     }

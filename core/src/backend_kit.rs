@@ -8,6 +8,6 @@ pub use crate::fs::{FileHandle, FileSystem};
 pub use crate::keys::{MAX_KEY_LEN, is_under, unique_token, validate_key, validate_prefix};
 pub use crate::lazy::lazy_bytes;
 pub use crate::options::check_deadline;
-pub use crate::ranges::{check_range, check_ranges, check_written};
+pub use crate::ranges::{check_jobs, check_range, check_ranges, check_written};
 pub use crate::reader::OPEN_PREFIX_LEN;
 pub use crate::reads::{fetch_views, read_at_parallel, read_in_order};

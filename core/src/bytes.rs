@@ -8,6 +8,7 @@
 //! read-only (copy on write).
 
 use std::alloc::{self, Layout};
+use std::any::Any;
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -67,8 +68,9 @@ pub enum AccessPolicy {
 ///   read just that range.
 /// - [`narrow`](Self::narrow) may return a controller for a sub-range when that is cheaper than
 ///   sharing this one (a lazy region that has not been fetched yet).
-/// - Controllers are `Send + Sync`: `Bytes` shares them across threads.
-pub trait AllocationController: Send + Sync + fmt::Debug {
+/// - Controllers are `Send + Sync`: `Bytes` shares them across threads. They are `Any`, so
+///   whoever made one can have it back from its [`Bytes`] ([`Bytes::into_allocation`]).
+pub trait AllocationController: Any + Send + Sync + fmt::Debug {
     /// Size of the region in bytes.
     fn len(&self) -> usize;
 
@@ -545,6 +547,27 @@ impl Bytes {
         Some(RetainedHostMemoryRegion { owner })
     }
 
+    /// The controller itself, when it is a `T`, this handle covers all of it and no other
+    /// handle shares it: memory a consumer allocated for a tensor
+    /// ([`TensorAllocator`](crate::TensorAllocator)) comes back as the consumer's own type, to
+    /// become its tensor without a copy. Otherwise the handle, unchanged.
+    ///
+    /// # Errors
+    /// `self`, when the controller is not a `T` or is shared.
+    pub fn into_allocation<T: AllocationController>(self) -> std::result::Result<T, Self> {
+        let whole = self.start == 0 && self.len == self.controller.len();
+        let controller: &dyn Any = &*self.controller;
+        if !whole || !controller.is::<T>() || Arc::strong_count(&self.controller) != 1 {
+            return Err(self);
+        }
+        let any: Arc<dyn Any + Send + Sync> = self.controller;
+        // A `T`, held by this handle alone (no weak handles are ever made): both succeed.
+        match any.downcast::<T>().map(Arc::try_unwrap) {
+            Ok(Ok(owned)) => Ok(owned),
+            _ => unreachable!("checked to be the only handle to a `T`"),
+        }
+    }
+
     /// Mutable access, copying first (into 64-byte aligned heap memory) when the bytes are
     /// shared with another handle, only part of their controller, or not writable.
     ///
@@ -649,6 +672,26 @@ mod tests {
             view.read_at(8, &mut buf).unwrap_err().kind(),
             ErrorKind::OutOfRange
         );
+    }
+
+    #[test]
+    fn into_allocation_gives_back_a_whole_unshared_controller_of_its_type() {
+        let bytes = Bytes::zeroed(64, 64).unwrap();
+        let shared = bytes.clone();
+        let bytes = bytes.into_allocation::<AlignedHeap>().unwrap_err();
+        drop(shared);
+        let view = bytes.view(0, 32).unwrap();
+        let bytes = bytes.into_allocation::<AlignedHeap>().unwrap_err();
+        assert!(
+            view.into_allocation::<AlignedHeap>().is_err(),
+            "a part of it"
+        );
+        assert!(
+            bytes.clone().into_allocation::<HeapVec>().is_err(),
+            "another type"
+        );
+        let heap = bytes.into_allocation::<AlignedHeap>().unwrap();
+        assert_eq!(heap.len(), 64);
     }
 
     #[test]

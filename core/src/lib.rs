@@ -75,7 +75,7 @@ pub use storage::{Listed, PendingWrite, Sink, Source, Storage};
 pub use storage_ext::StorageExt;
 pub use tensor::Tensor;
 pub use weights::{
-    StoredTensor, WeightComponentPayload, WeightComponentSpec, WeightEncoding, WeightSegment,
-    WeightSource,
+    StoredTensor, TensorAllocator, WeightComponentPayload, WeightComponentSpec, WeightEncoding,
+    WeightSegment, WeightSource,
 };
 pub use writer::{WRITE_CHUNK_LEN, WriteSummary, Writer};

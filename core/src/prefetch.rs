@@ -12,7 +12,7 @@ use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use crate::weights::{StoredTensor, WeightSource};
+use crate::weights::{StoredTensor, TensorAllocator, WeightSource};
 use crate::{Error, ErrorKind, Result};
 
 /// Batches fetched at once, each a sixteenth of the budget: with an object store's default
@@ -36,7 +36,8 @@ pub enum PrefetchPlan {
 /// A [`WeightSource`] that reads ahead of its consumer.
 ///
 /// The tensors of the [`PrefetchPlan`] are fetched in order, in batches of a sixteenth of the
-/// budget (a tensor larger than that alone), at most sixteen batches at once, and held until asked
+/// budget (a tensor larger than that alone, with the small ones before it), at most sixteen
+/// batches at once, and held until asked
 /// for; fetched tensors not yet asked for and batches in flight together stay within the
 /// budget, except that one batch may always run. A tensor asked for while its batch is in
 /// flight waits for it; one whose batch has not started has that batch fetched at once on the
@@ -46,6 +47,13 @@ pub enum PrefetchPlan {
 ///
 /// A budget of 0 (a source that gains nothing from reading ahead: memory, a map, a local file)
 /// starts no threads and passes every call through.
+///
+/// Made with [`landing_in`](Self::landing_in), it fetches each tensor straight into memory a
+/// [`TensorAllocator`] gives (a framework's own tensor storage), so the consumer takes the
+/// allocation back ([`Bytes::into_allocation`](crate::Bytes::into_allocation)) instead of
+/// copying the bytes once more. The budget then bounds the batches in flight alone: tensors
+/// fetched and not yet asked for are the consumer's own memory, and up to another budget of
+/// them waits beside it.
 ///
 /// A batch that fails is not an error until its tensors are asked for: each is then read
 /// alone, and that read's error is the one returned, naming the tensor.
@@ -58,6 +66,8 @@ pub struct Prefetched<W: WeightSource + 'static> {
 struct Shared<W> {
     weights: W,
     budget: u64,
+    /// Where fetched tensors land, when the consumer gave memory of its own.
+    allocator: Option<Arc<dyn TensorAllocator>>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -77,8 +87,10 @@ struct State {
     ready: HashMap<String, (StoredTensor, u64)>,
     /// Names the consumer read itself: a batch that reaches them skips them.
     taken: HashSet<String>,
-    /// Bytes of batches in flight and tensors ready.
-    reserved: u64,
+    /// Bytes of the batches in flight.
+    in_flight_bytes: u64,
+    /// Bytes of the tensors ready.
+    ready_bytes: u64,
     /// The consumer dropped the prefetcher: workers end after their batch.
     stopped: bool,
 }
@@ -96,7 +108,7 @@ impl State {
                 !self.taken.contains(name)
             })
             .collect();
-        self.reserved += batch.iter().map(|(_, len)| len).sum::<u64>();
+        self.in_flight_bytes += batch.iter().map(|(_, len)| len).sum::<u64>();
         self.in_flight
             .extend(batch.iter().map(|(name, _)| name.clone()));
         Some(batch)
@@ -118,6 +130,29 @@ impl<W: WeightSource + 'static> Prefetched<W> {
     /// # Errors
     /// [`ErrorKind::Io`] when a worker thread cannot start.
     pub fn with_budget(weights: W, plan: PrefetchPlan, budget: u64) -> Result<Self> {
+        Self::start(weights, plan, budget, None)
+    }
+
+    /// As [`new`](Self::new), each tensor fetched into memory `allocator` gives for it,
+    /// including those read alone.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when a worker thread cannot start.
+    pub fn landing_in(
+        weights: W,
+        plan: PrefetchPlan,
+        allocator: Arc<dyn TensorAllocator>,
+    ) -> Result<Self> {
+        let budget = weights.fetch_ahead();
+        Self::start(weights, plan, budget, Some(allocator))
+    }
+
+    fn start(
+        weights: W,
+        plan: PrefetchPlan,
+        budget: u64,
+        allocator: Option<Arc<dyn TensorAllocator>>,
+    ) -> Result<Self> {
         let batches = if budget == 0 {
             Vec::new()
         } else {
@@ -132,6 +167,7 @@ impl<W: WeightSource + 'static> Prefetched<W> {
         let shared = Arc::new(Shared {
             weights,
             budget,
+            allocator,
             state: Mutex::new(State {
                 plan: batches.into_iter().enumerate().collect(),
                 planned,
@@ -175,6 +211,20 @@ impl<W: WeightSource> Shared<W> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether a batch of `size` bytes may start: always when nothing is held, else when the
+    /// batches in flight and the tensors ready stay within the budget. Landed in the
+    /// consumer's own memory ([`Prefetched::landing_in`]), a ready tensor is memory the consumer
+    /// keeps anyway, not a buffer of the prefetcher's: the budget then bounds the batches in
+    /// flight alone, and the ready tensors wait beside them up to another budget, so a consumer
+    /// a little behind does not leave connections idle.
+    fn has_room(&self, state: &State, size: u64) -> bool {
+        let (held, ready_fits) = match self.allocator {
+            Some(_) => (state.in_flight_bytes, state.ready_bytes <= self.budget),
+            None => (state.in_flight_bytes + state.ready_bytes, true),
+        };
+        ready_fits && (held == 0 || held.saturating_add(size) <= self.budget)
+    }
+
     /// A worker: fetches the next batch whenever the budget has room, until the plan is done
     /// or the prefetcher is dropped.
     fn run(&self) {
@@ -187,7 +237,7 @@ impl<W: WeightSource> Shared<W> {
                 return;
             };
             let size: u64 = next.iter().map(|(_, len)| len).sum();
-            if state.reserved > 0 && state.reserved.saturating_add(size) > self.budget {
+            if !self.has_room(&state, size) {
                 state = self.wait(state);
                 continue;
             }
@@ -201,17 +251,18 @@ impl<W: WeightSource> Shared<W> {
     fn fetch<'a>(&'a self, state: MutexGuard<'a, State>, batch: Batch) -> MutexGuard<'a, State> {
         drop(state);
         let names: Vec<String> = batch.iter().map(|(name, _)| name.clone()).collect();
-        let fetched = self.weights.stored_tensors(&names);
+        let fetched = self.read(&names);
         let mut state = self.lock();
         match fetched {
             Ok(fetched) => {
                 for ((name, len), stored) in batch.into_iter().zip(fetched) {
                     state.in_flight.remove(&name);
-                    match stored {
-                        Some(stored) if !state.taken.contains(&name) => {
-                            state.ready.insert(name, (stored, len));
-                        }
-                        _ => state.reserved -= len,
+                    state.in_flight_bytes -= len;
+                    if let Some(stored) = stored
+                        && !state.taken.contains(&name)
+                    {
+                        state.ready.insert(name, (stored, len));
+                        state.ready_bytes += len;
                     }
                 }
             }
@@ -219,7 +270,7 @@ impl<W: WeightSource> Shared<W> {
                 // Asked for, each tensor is read alone and reports its own error.
                 for (name, len) in &batch {
                     state.in_flight.remove(name);
-                    state.reserved -= len;
+                    state.in_flight_bytes -= len;
                 }
             }
         }
@@ -233,7 +284,7 @@ impl<W: WeightSource> Shared<W> {
         let mut state = self.lock();
         loop {
             if let Some((stored, len)) = state.ready.remove(name) {
-                state.reserved -= len;
+                state.ready_bytes -= len;
                 self.changed.notify_all();
                 return Some(stored);
             }
@@ -253,17 +304,22 @@ impl<W: WeightSource> Shared<W> {
     }
 }
 
-impl<W: WeightSource + 'static> WeightSource for Prefetched<W> {
-    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
-        match self.shared.take(name) {
-            Some(stored) => Ok(Some(stored)),
-            None => self.shared.weights.stored_tensor(name),
+impl<W: WeightSource> Shared<W> {
+    /// `names` read from the source, into the allocator's memory when there is one.
+    fn read(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
+        match &self.allocator {
+            Some(allocator) => self.weights.stored_tensors_in(names, allocator.as_ref()),
+            None => self.weights.stored_tensors(names),
         }
     }
 
-    fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
-        let mut out: Vec<Option<StoredTensor>> =
-            names.iter().map(|n| self.shared.take(n)).collect();
+    /// `names`, each handed over when fetched and the rest read with `read`.
+    fn take_or_read(
+        &self,
+        names: &[String],
+        read: impl FnOnce(&[String]) -> Result<Vec<Option<StoredTensor>>>,
+    ) -> Result<Vec<Option<StoredTensor>>> {
+        let mut out: Vec<Option<StoredTensor>> = names.iter().map(|n| self.take(n)).collect();
         let missing: Vec<String> = names
             .iter()
             .zip(&out)
@@ -273,13 +329,42 @@ impl<W: WeightSource + 'static> WeightSource for Prefetched<W> {
         if missing.is_empty() {
             return Ok(out);
         }
-        let mut read = self.shared.weights.stored_tensors(&missing)?.into_iter();
+        let mut read = read(&missing)?.into_iter();
         for slot in out.iter_mut().filter(|slot| slot.is_none()) {
             *slot = read.next().ok_or_else(|| {
                 Error::new(ErrorKind::Io, "a batched read returned too few tensors")
             })?;
         }
         Ok(out)
+    }
+}
+
+impl<W: WeightSource + 'static> WeightSource for Prefetched<W> {
+    fn stored_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        if let Some(stored) = self.shared.take(name) {
+            return Ok(Some(stored));
+        }
+        match &self.shared.allocator {
+            Some(_) => Ok(self.shared.read(&[name.to_owned()])?.pop().flatten()),
+            None => self.shared.weights.stored_tensor(name),
+        }
+    }
+
+    fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
+        self.shared
+            .take_or_read(names, |names| self.shared.read(names))
+    }
+
+    /// The tensors fetched ahead as they landed (in the prefetcher's allocator's memory, when it
+    /// has one); the rest read into `allocator`'s.
+    fn stored_tensors_in(
+        &self,
+        names: &[String],
+        allocator: &dyn TensorAllocator,
+    ) -> Result<Vec<Option<StoredTensor>>> {
+        self.shared.take_or_read(names, |names| {
+            self.shared.weights.stored_tensors_in(names, allocator)
+        })
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -321,13 +406,16 @@ fn ordered<W: WeightSource>(weights: &W, plan: PrefetchPlan) -> Vec<(String, u64
     }
 }
 
-/// `tensors` cut into consecutive batches of at most `batch_bytes` (a larger tensor alone).
+/// `tensors` cut into consecutive batches of at most `batch_bytes` (a larger tensor alone),
+/// except that a batch under a sixteenth of that (norms, biases) takes the next tensor along
+/// however large: small tensors ride with a large one instead of paying a request of their
+/// own.
 fn batches(tensors: Vec<(String, u64)>, batch_bytes: u64) -> Vec<Batch> {
     let mut out = Vec::new();
     let mut batch: Batch = Vec::new();
     let mut size = 0u64;
     for (name, len) in tensors {
-        if !batch.is_empty() && size.saturating_add(len) > batch_bytes {
+        if !batch.is_empty() && size >= batch_bytes / 16 && size.saturating_add(len) > batch_bytes {
             out.push(std::mem::take(&mut batch));
             size = 0;
         }
@@ -426,5 +514,17 @@ mod tests {
             .map(|b| b.into_iter().map(|(_, len)| len).collect())
             .collect();
         assert_eq!(cut, [vec![3, 3], vec![3], vec![10], vec![1]]);
+
+        // Under a sixteenth of a batch, a norm rides with the large tensor after it.
+        let tensors: Vec<(String, u64)> = [1, 100, 1, 50, 50]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (format!("t{i}"), len))
+            .collect();
+        let cut: Vec<Vec<u64>> = batches(tensors, 64)
+            .into_iter()
+            .map(|b| b.into_iter().map(|(_, len)| len).collect())
+            .collect();
+        assert_eq!(cut, [vec![1, 100], vec![1, 50], vec![50]]);
     }
 }

@@ -12,6 +12,20 @@ pub fn check_ranges(ranges: &[Range<u64>], len: u64) -> Result<()> {
     ranges.iter().try_for_each(|range| check_range(range, len))
 }
 
+/// Checks every job of a read into caller buffers ([`Source::fetch_into`](crate::Source::fetch_into)),
+/// each `(offset, buffer)`, against a source of `len` bytes.
+///
+/// # Errors
+/// [`ErrorKind::OutOfRange`] for the first job whose range passes `len`.
+pub fn check_jobs(jobs: &[(u64, &mut [u8])], len: u64) -> Result<()> {
+    jobs.iter().try_for_each(|(offset, buf)| {
+        let end = offset.checked_add(buf.len() as u64).ok_or_else(|| {
+            Error::new(ErrorKind::OutOfRange, "a range ends past u64::MAX").with_offset(*offset)
+        })?;
+        check_range(&(*offset..end), len)
+    })
+}
+
 /// Checks, at commit, that a sink received the length the writer planned
 /// ([`CreateOptions::expected_len`](crate::CreateOptions::expected_len)): a shorter stream means a
 /// writer stopped early.

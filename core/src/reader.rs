@@ -373,9 +373,9 @@ impl Reader {
 
     /// Reads many tensors into memory the caller owns, each buffer exactly its tensor's
     /// length, checking every name and length before reading anything. A source that reads
-    /// ahead (an object store) fetches them in batches of [`Source::fetch_ahead`] bytes and
-    /// copies each batch out once; any other source reads straight into the buffers, the
-    /// tensors shared out over a few threads.
+    /// ahead (an object store) fetches them straight into the buffers
+    /// ([`Source::fetch_into`]) in batches of [`Source::fetch_ahead`] bytes; any other source
+    /// reads them with `read_at`, the tensors shared out over a few threads.
     ///
     /// # Errors
     /// [`ErrorKind::NotFound`] or [`ErrorKind::InvalidInput`] naming the tensor, before any
@@ -386,25 +386,26 @@ impl Reader {
             .map(|(name, buf)| self.target_range(name, buf))
             .collect::<Result<Vec<_>>>()?;
         let ahead = self.source.fetch_ahead();
-        if ahead > 0 {
-            let mut start = 0;
-            while start < ranges.len() {
-                let end = batch_end(&ranges, start, ahead);
-                let batch = ranges.get(start..end).unwrap_or_default();
-                let fetched = self.source.fetch(batch)?;
-                for ((_, buf), bytes) in targets.iter_mut().skip(start).zip(&fetched) {
-                    bytes.read_at(0, buf)?;
-                }
-                start = end;
-            }
-            return Ok(());
-        }
         let mut jobs: Vec<(u64, &mut [u8])> = targets
             .iter_mut()
             .zip(&ranges)
             .map(|((_, buf), range)| (range.start, &mut **buf))
             .collect();
-        read_at_parallel(self.source.as_ref(), &mut jobs).map_err(|e| {
+        let read = if ahead > 0 {
+            let mut start = 0;
+            let mut read = Ok(());
+            while start < ranges.len() && read.is_ok() {
+                let end = batch_end(&ranges, start, ahead);
+                read = self
+                    .source
+                    .fetch_into(jobs.get_mut(start..end).unwrap_or_default());
+                start = end;
+            }
+            read
+        } else {
+            read_at_parallel(self.source.as_ref(), &mut jobs)
+        };
+        read.map_err(|e| {
             // Name the tensor the failed read was for.
             let tensor = e.offset().and_then(|at| {
                 ranges

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::capabilities::Capabilities;
 use crate::options::CreateOptions;
-use crate::ranges::{check_range, check_ranges};
+use crate::ranges::{check_jobs, check_range, check_ranges};
 use crate::{Bytes, Error, ErrorKind, Result};
 
 /// Random-access read of one stored container.
@@ -59,6 +59,22 @@ pub trait Source: Send + Sync + fmt::Debug {
             .iter()
             .map(|range| read_resident(self, range))
             .collect()
+    }
+
+    /// Reads each job's range, `offset..offset + buf.len()`, into its buffer: what
+    /// [`fetch`](Self::fetch) reads, landed in memory the caller chose (a framework tensor's
+    /// own storage, a reused buffer) rather than memory the backend allocates, so the bytes are
+    /// written once. Every range is checked before anything is read. The default reads the
+    /// jobs one by one with [`read_at`](Self::read_at); a backend whose reads pay a round trip
+    /// coalesces and parallelizes them as its `fetch` does.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] when any range is past the end, and then nothing is read; the
+    /// backend's error otherwise (the buffers then hold some bytes, not all).
+    fn fetch_into(&self, jobs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        check_jobs(jobs, self.len())?;
+        jobs.iter_mut()
+            .try_for_each(|(offset, buf)| self.read_at(*offset, buf))
     }
 
     /// How many bytes a reader going through the container in order gains from asking

@@ -2,8 +2,10 @@
 //! allows. A [`WeightSource`] answers with the bytes of the checkpoint tensors that make up a
 //! component, checked against the component's declared shape and encoding.
 
+use std::fmt;
+
 use crate::bytes::RetainedHostMemoryRegion;
-use crate::{Bytes, DType, Error, ErrorKind, Reader, Result};
+use crate::{AllocationController, Bytes, DType, Error, ErrorKind, Reader, Result};
 
 /// How a component's elements are stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,6 +137,29 @@ pub struct StoredTensor {
     pub bytes: Bytes,
 }
 
+/// Where fetched tensors land: memory the consumer keeps as its tensors' own storage (a
+/// framework's CPU tensor buffer, pinned host memory for an upload), so a tensor's bytes are
+/// written once, by the read, instead of into a buffer of the source's and then copied.
+///
+/// # Contract
+/// [`allocate`](Self::allocate) returns an allocation whose
+/// [`memory_mut`](AllocationController::memory_mut) lends exactly `len` writable bytes; the
+/// consumer takes it back from the tensor's [`Bytes`] with [`Bytes::into_allocation`].
+pub trait TensorAllocator: Send + Sync + fmt::Debug {
+    /// Memory for the `len` bytes of tensor `name`, of `dtype` and `shape`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unsupported`] for a dtype the consumer has no storage for; an allocation
+    /// failure.
+    fn allocate(
+        &self,
+        name: &str,
+        dtype: &DType,
+        shape: &[u64],
+        len: usize,
+    ) -> Result<Box<dyn AllocationController>>;
+}
+
 /// Where a runtime gets its weights.
 ///
 /// # Contract
@@ -159,6 +184,50 @@ pub trait WeightSource: Send + Sync {
         names
             .iter()
             .map(|name| self.stored_tensor(name).map_err(|e| e.with_tensor(name)))
+            .collect()
+    }
+
+    /// The checkpoint tensors `names`, in order, each in memory `allocator` gave for it. A
+    /// [`Reader`] reads straight into those allocations ([`Source::fetch_into`]); the
+    /// default reads as [`stored_tensors`](Self::stored_tensors) and copies, and a source
+    /// already holding a tensor's bytes (a [`Prefetched`](crate::Prefetched) that fetched
+    /// them) may hand them over where they are, so a consumer accepts any [`Bytes`].
+    ///
+    /// # Errors
+    /// The allocator's errors, [`ErrorKind::InvalidInput`] for an allocation of another
+    /// length or one that lends no writable memory; the backing's errors.
+    ///
+    /// [`Source::fetch_into`]: crate::Source::fetch_into
+    fn stored_tensors_in(
+        &self,
+        names: &[String],
+        allocator: &dyn TensorAllocator,
+    ) -> Result<Vec<Option<StoredTensor>>> {
+        let stored = self.stored_tensors(names)?;
+        names
+            .iter()
+            .zip(stored)
+            .map(|(name, stored)| {
+                let Some(stored) = stored else {
+                    return Ok(None);
+                };
+                let mut allocation = allocate(
+                    allocator,
+                    name,
+                    &stored.dtype,
+                    &stored.shape,
+                    stored.bytes.len(),
+                )?;
+                let memory = writable(allocation.as_mut(), name, stored.bytes.len())?;
+                stored
+                    .bytes
+                    .read_at(0, memory)
+                    .map_err(|e| e.with_tensor(name))?;
+                Ok(Some(StoredTensor {
+                    bytes: Bytes::from_controller(allocation),
+                    ..stored
+                }))
+            })
             .collect()
     }
 
@@ -319,6 +388,48 @@ impl WeightSource for Reader {
         self.source().fetch_ahead()
     }
 
+    fn stored_tensors_in(
+        &self,
+        names: &[String],
+        allocator: &dyn TensorAllocator,
+    ) -> Result<Vec<Option<StoredTensor>>> {
+        let infos: Vec<_> = names.iter().map(|name| self.tensor(name).ok()).collect();
+        let mut allocations = infos
+            .iter()
+            .flatten()
+            .map(|info| {
+                let len = usize::try_from(info.byte_len()).map_err(|_| {
+                    Error::new(ErrorKind::LimitExceeded, "a tensor does not fit in memory")
+                        .with_tensor(info.name())
+                })?;
+                allocate(allocator, info.name(), info.dtype(), info.shape(), len)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut targets = allocations
+            .iter_mut()
+            .zip(infos.iter().flatten())
+            .map(|(allocation, info)| {
+                let buf = writable(allocation.as_mut(), info.name(), info.byte_len() as usize)?;
+                Ok((info.name(), buf))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.read_many_into(&mut targets)?;
+        drop(targets);
+        let mut allocations = allocations.into_iter();
+        Ok(infos
+            .into_iter()
+            .map(|info| {
+                let info = info?;
+                let allocation = allocations.next()?;
+                Some(StoredTensor {
+                    dtype: info.dtype().clone(),
+                    shape: info.shape().to_vec(),
+                    bytes: Bytes::from_controller(allocation),
+                })
+            })
+            .collect())
+    }
+
     fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
         let infos: Vec<_> = names.iter().map(|name| self.tensor(name).ok()).collect();
         let ranges: Vec<_> = infos.iter().flatten().map(|info| info.range()).collect();
@@ -340,4 +451,41 @@ impl WeightSource for Reader {
             })
             .collect()
     }
+}
+
+/// An allocation for tensor `name`, with the allocator's error naming it.
+fn allocate(
+    allocator: &dyn TensorAllocator,
+    name: &str,
+    dtype: &DType,
+    shape: &[u64],
+    len: usize,
+) -> Result<Box<dyn AllocationController>> {
+    allocator
+        .allocate(name, dtype, shape, len)
+        .map_err(|e| e.with_tensor(name))
+}
+
+/// The allocation's writable memory, checked to be `len` bytes ([`TensorAllocator`]'s
+/// contract).
+fn writable<'a>(
+    allocation: &'a mut dyn AllocationController,
+    name: &str,
+    len: usize,
+) -> Result<&'a mut [u8]> {
+    let property = allocation.property();
+    let memory = allocation.memory_mut().ok_or_else(|| {
+        Error::invalid(format!(
+            "the {property:?} allocation lends no writable host memory"
+        ))
+        .with_tensor(name)
+    })?;
+    if memory.len() != len {
+        return Err(Error::invalid(format!(
+            "a {}-byte allocation for a {len}-byte tensor",
+            memory.len()
+        ))
+        .with_tensor(name));
+    }
+    Ok(memory)
 }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use weightbay::{
-    Bytes, DType, ErrorKind, MemorySource, PrefetchPlan, Prefetched, Reader, ShardedWeights,
-    ShardedWriter, Source, StagingPool, Tensor, WeightSource, Writer,
+    AccessPolicy, AllocationController, AllocationProperty, Bytes, DType, ErrorKind, MemorySource,
+    PrefetchPlan, Prefetched, Reader, ShardedWeights, ShardedWriter, Source, StagingPool, Tensor,
+    TensorAllocator, WeightSource, Writer,
 };
 
 /// A memory source that gains from reading ahead, as an object store does, and counts its
@@ -38,8 +39,54 @@ impl Source for Remote {
         self.fetched.fetch_add(asked, Ordering::SeqCst);
         self.inner.fetch(ranges)
     }
+    fn fetch_into(&self, jobs: &mut [(u64, &mut [u8])]) -> weightbay::Result<()> {
+        self.fetches.fetch_add(1, Ordering::SeqCst);
+        let asked: u64 = jobs.iter().map(|(_, buf)| buf.len() as u64).sum();
+        self.fetched.fetch_add(asked, Ordering::SeqCst);
+        self.inner.fetch_into(jobs)
+    }
     fn fetch_ahead(&self) -> u64 {
         self.ahead
+    }
+}
+
+/// Memory a consumer keeps: a `Vec` it takes back from the tensor's bytes.
+#[derive(Debug)]
+struct Owned(Vec<u8>);
+
+impl AllocationController for Owned {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn alignment(&self) -> usize {
+        1
+    }
+    fn property(&self) -> AllocationProperty {
+        AllocationProperty::Native
+    }
+    fn memory(&self, _: AccessPolicy) -> weightbay::Result<&[u8]> {
+        Ok(&self.0)
+    }
+    fn memory_mut(&mut self) -> Option<&mut [u8]> {
+        Some(&mut self.0)
+    }
+}
+
+/// Lands every tensor in an [`Owned`], one byte short when `short` (a broken allocator).
+#[derive(Debug)]
+struct Keep {
+    short: bool,
+}
+
+impl TensorAllocator for Keep {
+    fn allocate(
+        &self,
+        _: &str,
+        _: &DType,
+        _: &[u64],
+        len: usize,
+    ) -> weightbay::Result<Box<dyn AllocationController>> {
+        Ok(Box::new(Owned(vec![0; len - usize::from(self.short)])))
     }
 }
 
@@ -149,6 +196,72 @@ fn what_is_fetched_ahead_stays_within_the_budget() {
     wait_for(|| Arc::strong_count(&source) == 1, "the workers to end");
     let ahead = source.fetched.load(Ordering::SeqCst);
     assert_eq!(ahead, 10_000, "bytes fetched ahead of a 10,000-byte budget");
+}
+
+#[test]
+fn tensors_land_in_the_consumers_memory_and_come_back_as_its_own() {
+    let (reader, source) = remote(40, 1000, 160_000);
+    let prefetched =
+        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep { short: false })).unwrap();
+    for i in 0..40 {
+        let name = format!("layers.{i}.w");
+        let stored = prefetched.stored_tensor(&name).unwrap().unwrap();
+        let Ok(Owned(bytes)) = stored.bytes.into_allocation::<Owned>() else {
+            panic!("{name} did not land in the allocator's memory");
+        };
+        assert_eq!(bytes, vec![i as u8; 1000]);
+    }
+    // Outside the plan, and asked again: read alone, into the allocator's memory too.
+    let again = prefetched.stored_tensor("layers.3.w").unwrap().unwrap();
+    assert!(again.bytes.into_allocation::<Owned>().is_ok());
+    assert!(source.fetches.load(Ordering::SeqCst) <= 13);
+
+    // A reader lands them itself; an allocation of the wrong length is refused, naming the
+    // tensor, before anything is read.
+    let (reader, source) = remote(3, 100, 0);
+    let names: Vec<String> = ["layers.2.w", "absent", "layers.0.w"]
+        .map(String::from)
+        .to_vec();
+    let landed = reader
+        .stored_tensors_in(&names, &Keep { short: false })
+        .unwrap();
+    assert!(landed[1].is_none());
+    let first = landed[0].clone().unwrap().bytes.into_allocation::<Owned>();
+    assert!(first.is_err(), "shared with the clone still in `landed`");
+    let Some(Some(last)) = landed.into_iter().nth(2) else {
+        panic!("layers.0.w missing")
+    };
+    assert_eq!(
+        last.bytes.into_allocation::<Owned>().unwrap().0,
+        vec![0; 100]
+    );
+    let before = source.fetched.load(Ordering::SeqCst);
+    let err = reader
+        .stored_tensors_in(&names, &Keep { short: true })
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("layers.2.w"), "{err}");
+    assert_eq!(source.fetched.load(Ordering::SeqCst), before);
+}
+
+#[test]
+fn landed_tensors_wait_beside_the_budget_in_flight_up_to_another_budget() {
+    // Nothing is asked for. Landed in the consumer's memory, ready tensors do not hold the
+    // budget's room for requests: more than a budget is fetched ahead, and at most two.
+    let (reader, source) = remote(50, 1000, 10_000);
+    let prefetched =
+        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep { short: false })).unwrap();
+    wait_for(
+        || source.fetched.load(Ordering::SeqCst) > 10_000,
+        "more than the budget to be fetched",
+    );
+    drop(prefetched);
+    wait_for(|| Arc::strong_count(&source) == 1, "the workers to end");
+    let ahead = source.fetched.load(Ordering::SeqCst);
+    assert!(
+        ahead <= 20_000,
+        "{ahead} bytes fetched ahead of a 10,000-byte budget"
+    );
 }
 
 /// Spins until `done`, failing the test if it never happens.

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
-use weightbay::backend_kit::{OPEN_PREFIX_LEN, check_range, lazy_bytes};
+use weightbay::backend_kit::{OPEN_PREFIX_LEN, check_jobs, check_range, lazy_bytes};
 use weightbay::{AllocationProperty, Bytes, Error, ErrorKind, Result, Source};
 
 use crate::error::convert;
@@ -210,9 +210,9 @@ impl ObjectSource {
     }
 
     /// Fetches `ranges` now and returns them resident, in the order given. Ranges closer than
-    /// 1 MiB are coalesced into requests of up to
-    /// [`fetch_request_len`](ObjectStoreOptions::fetch_request_len) bytes, and a longer range
-    /// is fetched in pieces of that length, which run in parallel within
+    /// 1 MiB are coalesced into requests of about
+    /// [`fetch_request_len`](ObjectStoreOptions::fetch_request_len) bytes (at most 1.5 times
+    /// it), and a longer range is fetched in equal pieces of about that length, which run in parallel within
     /// [`fetch_budget`](ObjectStoreOptions::fetch_budget) bytes in flight (at least one
     /// request at a time); every request is pinned to the opened version.
     ///
@@ -229,9 +229,9 @@ impl ObjectSource {
         let mut requests: Vec<(Range<u64>, BytesMut)> = Vec::new();
         for (run, _) in &runs {
             let mut buffer = BytesMut::zeroed(to_usize(run.end - run.start)?);
-            for start in (run.start..run.end).step_by(to_usize(request_len)?) {
-                let end = start.saturating_add(request_len).min(run.end);
-                requests.push((start..end, buffer.split_to(to_usize(end - start)?)));
+            for piece in requests_of(run, request_len) {
+                let len = to_usize(piece.end - piece.start)?;
+                requests.push((piece, buffer.split_to(len)));
             }
         }
         let largest = requests
@@ -286,7 +286,7 @@ impl ObjectSource {
         let mut out = vec![Bytes::from(Vec::new()); ranges.len()];
         for (run, members) in runs {
             let mut joined = BytesMut::new();
-            for _ in 0..(run.end - run.start).div_ceil(request_len) {
+            for _ in requests_of(&run, request_len) {
                 // Adjacent pieces of one buffer: unsplit only moves the end.
                 joined.unsplit(pieces.next().unwrap_or_default());
             }
@@ -299,6 +299,134 @@ impl ObjectSource {
             }
         }
         Ok(out)
+    }
+
+    /// Reads each job's range into its buffer, requested as [`fetch`](Self::fetch) requests
+    /// them (coalesced, in pieces of the request length, in parallel within the fetch budget,
+    /// pinned to the opened version). The responses' chunks cross to the calling thread as they
+    /// arrive and are copied into the buffers there, so no memory of the ranges' size is
+    /// allocated: the buffers are the only place the bytes land.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] for a range past the end, before any request; the store's
+    /// error.
+    pub fn fetch_into(&self, jobs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        check_jobs(jobs, self.0.len)?;
+        let remote = &self.0;
+        remote.bridge.check_may_wait()?;
+        let ranges: Vec<Range<u64>> = jobs
+            .iter()
+            .map(|(offset, buf)| *offset..offset + buf.len() as u64)
+            .collect();
+        let request_len = remote.fetch_request_len.unwrap_or(u64::MAX).max(1);
+        // Each request with the jobs of its run, in order of their starts.
+        let mut requests: Vec<(Range<u64>, Arc<[usize]>)> = Vec::new();
+        for (run, members) in coalesce(&ranges, request_len) {
+            let members: Arc<[usize]> = members.into();
+            for piece in requests_of(&run, request_len) {
+                requests.push((piece, Arc::clone(&members)));
+            }
+        }
+        let largest = requests
+            .iter()
+            .map(|(r, _)| r.end - r.start)
+            .max()
+            .unwrap_or(1);
+        let parallel =
+            (remote.fetch_budget as u64 / largest.max(1)).clamp(1, MAX_REQUESTS_IN_FLIGHT) as usize;
+        let pinned: Vec<(usize, GetOptions)> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, (range, _))| (i, remote.pinned(range.clone())))
+            .collect();
+        let (store, path) = (Arc::clone(&remote.store), remote.path.clone());
+        // A few chunks per request in flight: the responses wait on the copies, never pile up.
+        let (sender, mut chunks) = futures::channel::mpsc::channel(parallel * 4);
+        let _detached = remote.bridge.spawn(async move {
+            futures::stream::iter(pinned)
+                .for_each_concurrent(parallel, |(i, options)| {
+                    let (store, path, mut sender) =
+                        (Arc::clone(&store), path.clone(), sender.clone());
+                    async move {
+                        if sender.is_closed() {
+                            return;
+                        }
+                        let mut body = match store.get_opts(&path, options).await {
+                            Ok(got) => got.into_stream(),
+                            Err(e) => {
+                                let _ = sender.send((i, Err(e))).await;
+                                return;
+                            }
+                        };
+                        // Ends with the body, or when the reader stopped listening.
+                        while let Some(chunk) = body.next().await {
+                            let failed = chunk.is_err();
+                            if sender.send((i, chunk)).await.is_err() || failed {
+                                return;
+                            }
+                        }
+                    }
+                })
+                .await;
+        });
+        let mut received = vec![0u64; requests.len()];
+        // Per request, the first of its jobs not wholly before what has arrived.
+        let mut first = vec![0usize; requests.len()];
+        futures::executor::block_on(async {
+            while let Some((i, chunk)) = chunks.next().await {
+                let (range, members) = &requests[i];
+                let chunk = chunk.map_err(|e| remote.read_error(range.start, e))?;
+                let at = range.start + received[i];
+                received[i] += chunk.len() as u64;
+                // Bytes past the request's range (a store sending too much) land nowhere.
+                let usable = range.end.saturating_sub(at).min(chunk.len() as u64) as usize;
+                scatter(jobs, &ranges, members, &mut first[i], at, &chunk[..usable]);
+            }
+            Ok::<(), Error>(())
+        })?;
+        for ((range, _), received) in requests.iter().zip(received) {
+            if received != range.end - range.start {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    format!(
+                        "the store returned {received} bytes for a {}-byte range",
+                        range.end - range.start
+                    ),
+                )
+                .with_key(&remote.key)
+                .with_offset(range.start));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies `chunk`, the bytes at `at` of the object, into the jobs among `members` (sorted by
+/// start) that it overlaps; `first` skips the members wholly before it, as a request's chunks
+/// arrive in order.
+fn scatter(
+    jobs: &mut [(u64, &mut [u8])],
+    ranges: &[Range<u64>],
+    members: &[usize],
+    first: &mut usize,
+    at: u64,
+    chunk: &[u8],
+) {
+    let end = at + chunk.len() as u64;
+    while members.get(*first).is_some_and(|&m| ranges[m].end <= at) {
+        *first += 1;
+    }
+    for &m in members.get(*first..).unwrap_or_default() {
+        let range = &ranges[m];
+        if range.start >= end {
+            break;
+        }
+        let (from, to) = (range.start.max(at), range.end.min(end));
+        if from < to {
+            // Both lie within the job's range and the chunk, so the offsets fit.
+            let target = &mut jobs[m].1[(from - range.start) as usize..(to - range.start) as usize];
+            target.copy_from_slice(&chunk[(from - at) as usize..(to - at) as usize]);
+        }
     }
 }
 
@@ -328,10 +456,31 @@ async fn fill(
     Ok((piece, received))
 }
 
+/// How many requests a run of `len` bytes is fetched in: as many as `request_len` divides it
+/// into, rounded to the nearest (at least one). A range a little past the request length (a
+/// tensor of 17 MiB against 16 MiB requests) is then one request, not a second one that pays a
+/// whole round trip for its last megabyte; no request is longer than 1.5 times the request
+/// length.
+fn request_count(len: u64, request_len: u64) -> u64 {
+    (len / request_len + u64::from(len % request_len >= request_len.div_ceil(2))).max(1)
+}
+
+/// The requests a run is fetched in ([`request_count`] of them), of equal length.
+fn requests_of(run: &Range<u64>, request_len: u64) -> impl Iterator<Item = Range<u64>> + use<> {
+    let count = request_count(run.end - run.start, request_len);
+    let piece = (run.end - run.start).div_ceil(count).max(1);
+    let (start, end) = (run.start, run.end);
+    let at = move |i: u64| start.saturating_add(i.saturating_mul(piece)).min(end);
+    (0..count)
+        .map(move |i| at(i)..at(i + 1))
+        .filter(|piece| !piece.is_empty())
+}
+
 /// The runs to fetch: ranges sorted by start and merged when closer than [`COALESCE_GAP`] and
-/// the merged run stays within `request_len`, each with the indices of the ranges inside it.
-/// So only a single range can make a run longer than one request. Empty ranges (zero-element
-/// tensors) need no request and are left out; their output stays empty.
+/// the merged run is still one request, each with the indices of the ranges inside it. So only
+/// a single range can make a run longer than one request, and a norm beside a large tensor
+/// rides in its request. Empty ranges (zero-element tensors) need no request and are left out;
+/// their output stays empty.
 fn coalesce(ranges: &[Range<u64>], request_len: u64) -> Vec<(Range<u64>, Vec<usize>)> {
     let mut order: Vec<usize> = (0..ranges.len()).collect();
     order.sort_by_key(|&i| ranges[i].start);
@@ -344,7 +493,7 @@ fn coalesce(ranges: &[Range<u64>], request_len: u64) -> Vec<(Range<u64>, Vec<usi
         match runs.last_mut() {
             Some((run, members))
                 if range.start <= run.end + COALESCE_GAP
-                    && range.end.max(run.end) - run.start <= request_len =>
+                    && request_count(range.end.max(run.end) - run.start, request_len) == 1 =>
             {
                 run.end = run.end.max(range.end);
                 members.push(i);
@@ -371,6 +520,12 @@ impl Source for ObjectSource {
     /// Coalesced, parallel, version-pinned GETs: see [`ObjectSource::fetch`].
     fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         ObjectSource::fetch(self, ranges)
+    }
+
+    /// Coalesced, parallel, version-pinned GETs streamed into the buffers: see
+    /// [`ObjectSource::fetch_into`].
+    fn fetch_into(&self, jobs: &mut [(u64, &mut [u8])]) -> Result<()> {
+        ObjectSource::fetch_into(self, jobs)
     }
 
     /// The fetch budget: what [`fetch`](Self::fetch) may keep in flight.

@@ -99,7 +99,10 @@ fn fetch_splits_long_runs_at_the_request_length() {
     let (store, storage) = counting();
     let storage = storage.with_options(SMALL_PARTS.with_fetch_request_len(Some(12_000)));
     let (.., gets) = fetch_ten_tensors(&store, &storage);
-    assert_eq!(gets, 5, "two 5000-byte tensors per 12,000-byte request");
+    assert_eq!(
+        gets, 4,
+        "three 5000-byte tensors per request of about 12,000 bytes (at most 18,000), then one"
+    );
 }
 
 #[test]
@@ -122,6 +125,79 @@ fn fetch_cuts_a_tensor_longer_than_a_request_into_pieces() {
         weightbay::Source::read_at(&source, range.start, &mut expected).unwrap();
         assert_eq!(bytes.to_vec().unwrap(), expected, "{range:?}");
     }
+}
+
+#[test]
+fn a_range_a_little_past_the_request_length_is_one_request() {
+    let (store, storage) = counting();
+    let storage = storage.with_options(SMALL_PARTS.with_fetch_request_len(Some(4800)));
+    let (.., gets) = fetch_ten_tensors(&store, &storage);
+    assert_eq!(
+        gets, 10,
+        "a 5000-byte tensor against 4800-byte requests is one request, not a second for 200 bytes"
+    );
+}
+
+#[test]
+fn fetch_into_lands_what_fetch_returns_in_the_callers_buffers() {
+    let (store, storage) = counting();
+    let (source, reader, ranges, fetch_gets) = fetch_ten_tensors(&store, &storage);
+    let land = |jobs_of: &[Range<u64>]| -> (Vec<Vec<u8>>, usize) {
+        let mut buffers: Vec<Vec<u8>> = jobs_of
+            .iter()
+            .map(|r| vec![0xAA; (r.end - r.start) as usize])
+            .collect();
+        let mut jobs: Vec<(u64, &mut [u8])> = jobs_of
+            .iter()
+            .zip(buffers.iter_mut())
+            .map(|(r, buf)| (r.start, buf.as_mut_slice()))
+            .collect();
+        store.gets.store(0, Ordering::SeqCst);
+        source.fetch_into(&mut jobs).unwrap();
+        (buffers, store.gets.load(Ordering::SeqCst))
+    };
+    // Every tensor, asked in reverse: coalesced as fetch coalesces them.
+    let reversed: Vec<_> = ranges.iter().rev().cloned().collect();
+    let (landed, gets) = land(&reversed);
+    assert_eq!(gets, fetch_gets, "as many requests as fetch");
+    for (range, bytes) in reversed.iter().zip(&landed) {
+        let info = reader
+            .tensors()
+            .iter()
+            .find(|t| t.range() == *range)
+            .unwrap();
+        assert_eq!(*bytes, reader.read(info.name()).unwrap());
+    }
+    // Pieces of a request split across jobs, overlapping and out of order, one empty, and
+    // ranges longer than a request.
+    let storage = storage.with_options(SMALL_PARTS.with_fetch_request_len(Some(2000)));
+    let source = storage.open_object("m.bpk").unwrap();
+    let len = weightbay::Source::len(&source);
+    let awkward = [len - 4999..len - 1, 17..4017, 0..0, 3..9000, 4000..4100];
+    let mut buffers: Vec<Vec<u8>> = awkward
+        .iter()
+        .map(|r| vec![0xAA; (r.end - r.start) as usize])
+        .collect();
+    let mut jobs: Vec<(u64, &mut [u8])> = awkward
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|(r, buf)| (r.start, buf.as_mut_slice()))
+        .collect();
+    source.fetch_into(&mut jobs).unwrap();
+    for (range, landed) in awkward.iter().zip(&buffers) {
+        let mut expected = vec![0; (range.end - range.start) as usize];
+        weightbay::Source::read_at(&source, range.start, &mut expected).unwrap();
+        assert_eq!(*landed, expected, "{range:?}");
+    }
+    // A range past the end: refused before any request, nothing written.
+    store.gets.store(0, Ordering::SeqCst);
+    let mut buffer = vec![0xAA; 10];
+    let err = source
+        .fetch_into(&mut [(len - 5, buffer.as_mut_slice())])
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::OutOfRange, "{err}");
+    assert_eq!(store.gets.load(Ordering::SeqCst), 0);
+    assert!(buffer.iter().all(|&b| b == 0xAA));
 }
 
 /// `latest()` among many checkpoints: one listing and one GET (the newest commit record),

@@ -30,14 +30,12 @@ use weightbay_object_store::ObjectStorage;
 use weightbay_object_store::ObjectStoreOptions;
 
 use crate::Bench;
-use crate::cases::remote::{CONNECTION_BYTES_PER_SECOND, throttled_storage};
+use crate::cases::remote::{CONNECTION_BYTES_PER_SECOND, CONNECTIONS, throttled_storage};
 use crate::harness::{median, print_runs, timed, touch};
 use crate::report::Row;
-use crate::rss::rss;
+use crate::rss::{cpu_time, rss};
 use crate::store::SlowStore;
 
-/// Connections the store shape allows.
-const CONNECTIONS: u64 = 16;
 /// Staging buffer lengths tried: one request each, one buffer per connection. Each request
 /// pays the 20 ms to first byte once, so longer ones lose less of the connection to it.
 const STAGING_BUFFERS: [usize; 2] = [16 << 20, 32 << 20];
@@ -85,8 +83,9 @@ impl LlamaShape {
         }
     }
 
-    /// The model's tensors as a Hugging Face Llama checkpoint names them, F32, each filled
-    /// with one byte value and made when the writer reaches it.
+    /// The model's tensors as a Hugging Face Llama checkpoint names and lays them out (sorted
+    /// by name, as safetensors' `save_file` writes them), F32, each filled with one byte value
+    /// and made when the writer reaches it.
     fn tensors(self) -> Vec<Tensor> {
         let (h, i, v) = (
             self.hidden as u64,
@@ -109,6 +108,7 @@ impl LlamaShape {
             shapes.push((at("input_layernorm"), vec![h]));
             shapes.push((at("post_attention_layernorm"), vec![h]));
         }
+        shapes.sort_by(|a, b| a.0.cmp(&b.0));
         shapes
             .into_iter()
             .enumerate()
@@ -150,20 +150,24 @@ fn against(
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<()> {
     let (mut times, mut gets, mut peaks, mut open) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    let mut cpu = Vec::new();
     for _ in 0..b.table.runs {
         let before_gets = throttled.counts().gets.load(Ordering::Relaxed);
         throttled.counts().take_most_open();
         // Resets the peak to the current resident set (Linux), so the peak after is the run's.
         let _ = std::fs::write("/proc/self/clear_refs", "5");
         let before = rss("VmRSS:");
+        let cpu_before = cpu_time();
         times.push(timed(&mut f)?);
+        cpu.push(format!("{:.2}", (cpu_time() - cpu_before).as_secs_f64()));
         peaks.push(rss("VmHWM:").saturating_sub(before) >> 20);
         gets.push(throttled.counts().gets.load(Ordering::Relaxed) - before_gets);
         open = open.max(throttled.counts().take_most_open());
     }
     print_runs(&times, &vec![limit; times.len()]);
     println!(
-        "    GET requests each run: {gets:?}; peak RSS added, MiB: {peaks:?}; most connections open at once: {open}"
+        "    GET requests each run: {gets:?}; peak RSS added, MiB: {peaks:?}; most connections open at once: {open}; CPU seconds (all threads): {}",
+        cpu.join(" ")
     );
     b.table.push(Row {
         case: case.to_owned(),
@@ -203,24 +207,23 @@ pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
     } else {
         "16 × 100 MiB/s connections"
     };
+    // Each row checks `--only` itself.
+    #[cfg(feature = "llama")]
+    llama_rows(
+        b,
+        shape,
+        (storage.as_ref(), key, bytes),
+        &throttled,
+        (model_limit_name, model_limit),
+    )?;
+    #[cfg(not(feature = "llama"))]
     if b.args.wants("cold start: llama") {
-        #[cfg(feature = "llama")]
-        llama_rows(
-            b,
-            shape,
-            (storage.as_ref(), key, bytes),
-            &throttled,
-            (model_limit_name, model_limit),
-        )?;
-        #[cfg(not(feature = "llama"))]
-        {
-            let _ = (model_limit_name, model_limit);
-            println!(
-                "  cold start: llama rows skipped: built without the `llama` feature (cargo run --release -p weightbay-bench --features llama -- --only \"cold start\")"
-            );
-        }
+        let _ = (model_limit_name, model_limit);
+        println!(
+            "  cold start: llama rows skipped: built without the `llama` feature (cargo run --release -p weightbay-bench --features llama -- --only \"cold start\")"
+        );
     }
-    if b.args.wants("cold start: staging pool") {
+    if b.args.wants("cold start: into a reused staging pool") {
         for buffer in STAGING_BUFFERS {
             let pool = StagingPool::new(CONNECTIONS as usize, buffer)?;
             let reader = Reader::open_key(storage.as_ref(), key)?;
@@ -250,6 +253,20 @@ pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
     Ok(())
 }
 
+/// How the Llama rows hand weights to candle.
+#[cfg(feature = "llama")]
+#[derive(Debug, Clone, Copy)]
+enum Build {
+    /// `WeightbayBackend::new(reader)`: each tensor read as the constructor asks.
+    OneAtATime,
+    /// `WeightbayBackend::new(Prefetched::new(reader, All))`: fetched ahead into buffers of
+    /// the fetch's own, which candle copies into its tensors.
+    PrefetchedCopied,
+    /// `WeightbayBackend::prefetching(reader, All)`: fetched ahead into the `Vec`s that become
+    /// candle's tensors.
+    PrefetchedLanded,
+}
+
 /// The model built by candle-transformers' `Llama::load` through weightbay-candle, one tensor
 /// at a time and prefetched.
 #[cfg(feature = "llama")]
@@ -261,15 +278,17 @@ fn llama_rows(
     limit: (&str, Duration),
 ) -> Result<()> {
     let config = shape.config();
-    let build = |prefetch: bool| -> Result<()> {
+    let build = |how: Build| -> Result<()> {
         let reader = Reader::open_key(storage, key)?;
-        let backend: Box<dyn candle_nn::var_builder::SimpleBackend> = if prefetch {
-            Box::new(WeightbayBackend::new(Prefetched::new(
+        let backend: Box<dyn candle_nn::var_builder::SimpleBackend> = match how {
+            Build::OneAtATime => Box::new(WeightbayBackend::new(reader)),
+            Build::PrefetchedCopied => Box::new(WeightbayBackend::new(Prefetched::new(
                 reader,
                 PrefetchPlan::All,
-            )?))
-        } else {
-            Box::new(WeightbayBackend::new(reader))
+            )?)),
+            Build::PrefetchedLanded => {
+                Box::new(WeightbayBackend::prefetching(reader, PrefetchPlan::All)?)
+            }
         };
         let vb = VarBuilder::from_backend(backend, CandleDType::F32, Device::Cpu);
         let model = Llama::load(vb, &config)
@@ -277,25 +296,24 @@ fn llama_rows(
         black_box(model);
         Ok(())
     };
-    if b.args.wants("cold start: llama one tensor at a time") {
-        against(
-            b,
+    let rows = [
+        (
             "cold start: llama one tensor at a time via weightbay-candle",
-            bytes,
-            throttled,
-            limit,
-            || build(false),
-        )?;
-    }
-    if b.args.wants("cold start: llama prefetched") {
-        against(
-            b,
-            "cold start: llama prefetched via weightbay-candle",
-            bytes,
-            throttled,
-            limit,
-            || build(true),
-        )?;
+            Build::OneAtATime,
+        ),
+        (
+            "cold start: llama prefetched into the fetch's buffers, then copied by candle",
+            Build::PrefetchedCopied,
+        ),
+        (
+            "cold start: llama prefetched via weightbay-candle (landing in candle's memory)",
+            Build::PrefetchedLanded,
+        ),
+    ];
+    for (row, how) in rows {
+        if b.args.wants(row) {
+            against(b, row, bytes, throttled, limit, || build(how))?;
+        }
     }
     Ok(())
 }

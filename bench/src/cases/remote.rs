@@ -24,6 +24,8 @@ use crate::store::SlowStore;
 pub(crate) const LATENCY: Duration = Duration::from_millis(20);
 /// A cloud store's shape: what one connection carries.
 pub(crate) const CONNECTION_BYTES_PER_SECOND: f64 = 100.0 * (1 << 20) as f64;
+/// A cloud store's shape: the GETs a client has open at once; more wait for a connection.
+pub(crate) const CONNECTIONS: u64 = 16;
 /// How much of the checkpoint each point of the curve loads.
 const CURVE_BYTES: u64 = 512 << 20;
 
@@ -38,7 +40,9 @@ pub(crate) fn throttled_storage(
     options: ObjectStoreOptions,
 ) -> Result<(ObjectStorage, Arc<SlowStore>)> {
     let throttled = Arc::new(
-        SlowStore::new(Arc::clone(inner), LATENCY).with_bandwidth(CONNECTION_BYTES_PER_SECOND),
+        SlowStore::new(Arc::clone(inner), LATENCY)
+            .with_bandwidth(CONNECTION_BYTES_PER_SECOND)
+            .with_connections(CONNECTIONS as usize),
     );
     let storage =
         ObjectStorage::new(Arc::clone(&throttled) as Arc<dyn ObjectStore>)?.with_options(options);

@@ -160,7 +160,8 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcom
 }
 
 /// [`Source::fetch`](weightbay::Source::fetch) gives exactly what `read_at` gives for each range,
-/// in the order asked: for lists that always hold an empty, a repeated, an overlapping and an
+/// in the order asked, and [`Source::fetch_into`](weightbay::Source::fetch_into) lands the same
+/// bytes in the caller's buffers: for lists that always hold an empty, a repeated, an overlapping and an
 /// out-of-order range, for random lists, and for a batch larger than the backend reads in one
 /// go ([`Harness::batched_read_len`]: parallel reads, split requests). The reader's batched
 /// entry points (`load`, `load_all`, `read_many_into`) agree with `read`; a list with one range
@@ -194,6 +195,24 @@ pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> 
                 .map_err(|e| format!("reading the fetched bytes of {range:?}: {e}"))?;
             if batched != single {
                 return Err(format!("fetch of {range:?} differs from read_at"));
+            }
+        }
+        // The same ranges landed in the caller's buffers.
+        let mut buffers: Vec<Vec<u8>> = ranges
+            .iter()
+            .map(|range| vec![0xAA; (range.end - range.start) as usize])
+            .collect();
+        let mut jobs: Vec<(u64, &mut [u8])> = ranges
+            .iter()
+            .zip(buffers.iter_mut())
+            .map(|(range, buf)| (range.start, buf.as_mut_slice()))
+            .collect();
+        source
+            .fetch_into(&mut jobs)
+            .map_err(|e| format!("fetch_into of {ranges:?}: {e}"))?;
+        for ((range, landed), fetched) in ranges.iter().zip(&buffers).zip(&fetched) {
+            if fetched.to_vec().ok().as_ref() != Some(landed) {
+                return Err(format!("fetch_into of {range:?} differs from fetch"));
             }
         }
         Ok(())
@@ -279,6 +298,26 @@ pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> 
             "a range past the end: expected OutOfRange, got {:?}",
             other.map(|v| v.len()).map_err(|e| e.kind())
         ),
+    }
+    let mut buffers = [vec![0xAA; 10], vec![0xAA; 2], vec![0xAA; 1]];
+    let mut jobs: Vec<(u64, &mut [u8])> = past_end
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|(range, buf)| (range.start, buf.as_mut_slice()))
+        .collect();
+    match source.fetch_into(&mut jobs) {
+        Err(e) if e.kind() == ErrorKind::OutOfRange => {}
+        other => fail!(
+            case,
+            "fetch_into with a range past the end: expected OutOfRange, got {:?}",
+            other.map_err(|e| e.kind())
+        ),
+    }
+    if buffers.iter().flatten().any(|&b| b != 0xAA) {
+        fail!(
+            case,
+            "fetch_into with a range past the end wrote into the buffers before failing"
+        );
     }
     Outcome::Checked
 }

@@ -6,9 +6,11 @@
 //! Tensors are fetched when the model asks for them, one at a time, so a model built from
 //! part of a checkpoint reads only that part; over a memory map the bytes are not copied
 //! until candle creates its tensor. From an object store, where each ask would be a round trip
-//! in sequence, wrap the source in a [`Prefetched`](weightbay::Prefetched) first:
-//! `WeightbayBackend::new(Prefetched::new(reader, PrefetchPlan::All)?)` fetches the tensors in
-//! batches, in parallel, ahead of the model constructor and within the store's fetch budget.
+//! in sequence, prefetch: [`WeightbayBackend::prefetching`]`(reader, PrefetchPlan::All)` fetches
+//! the tensors in batches, in parallel, ahead of the model constructor and within the store's
+//! fetch budget. Every read lands in the `Vec` that becomes the candle tensor's storage
+//! ([`CandleAllocator`]), so the bytes are written once, not once by the fetch and again by a
+//! copy into candle's memory.
 //! Saving streams a `VarMap` (or any named tensors) as
 //! deferred tensors: each is read back from its device only when the writer reaches it.
 //!
@@ -32,11 +34,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use candle_core::{DType as CandleDType, Device, Shape, Tensor as CandleTensor};
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use candle_core::{DType as CandleDType, Device, Shape, Tensor as CandleTensor, WithDType};
 use candle_nn::var_builder::SimpleBackend;
-use weightbay::Format;
 use weightbay::{AccessPolicy, Bytes, DType, Error, ErrorKind, Storage, Tensor, Writer};
-use weightbay::{StoredTensor, WeightSource};
+use weightbay::{AllocationController, AllocationProperty, Format, Result as WbResult};
+use weightbay::{PrefetchPlan, Prefetched, StoredTensor, TensorAllocator, WeightSource};
 
 /// A candle `VarBuilder` backend over a weightbay [`WeightSource`]:
 /// `VarBuilder::from_backend(Box::new(WeightbayBackend::new(reader)), dtype, device)`.
@@ -46,7 +51,7 @@ pub struct WeightbayBackend<W> {
 }
 
 impl<W: WeightSource + Send + Sync> WeightbayBackend<W> {
-    /// A backend that loads from `weights`.
+    /// A backend that loads from `weights`, each tensor read when the model asks for it.
     pub fn new(weights: W) -> Self {
         Self { weights }
     }
@@ -55,25 +60,120 @@ impl<W: WeightSource + Send + Sync> WeightbayBackend<W> {
     fn load(&self, name: &str, device: &Device) -> candle_core::Result<CandleTensor> {
         let stored = self
             .weights
-            .stored_tensor(name)
+            .stored_tensors_in(&[name.to_owned()], &CandleAllocator)
             .map_err(candle_core::Error::wrap)?
+            .pop()
+            .flatten()
             .ok_or_else(|| {
                 candle_core::Error::CannotFindTensor {
                     path: name.to_owned(),
                 }
                 .bt()
             })?;
-        to_candle(name, &stored, device).map_err(candle_core::Error::wrap)
+        to_candle(name, stored, device).map_err(candle_core::Error::wrap)
     }
 }
 
-/// Builds a candle tensor from a stored one: the bytes are read in place where the source
-/// holds them (a map, memory) and copied once, by candle, into its tensor.
-fn to_candle(
-    name: &str,
-    stored: &StoredTensor,
+impl<W: WeightSource + 'static> WeightbayBackend<Prefetched<W>> {
+    /// A backend that reads the tensors of `plan` ahead of the model constructor, in
+    /// parallel within the source's fetch budget ([`Prefetched`]), each landing in the memory
+    /// of the candle tensor it becomes.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when a prefetch thread cannot start.
+    pub fn prefetching(weights: W, plan: PrefetchPlan) -> WbResult<Self> {
+        Ok(Self::new(Prefetched::landing_in(
+            weights,
+            plan,
+            Arc::new(CandleAllocator),
+        )?))
+    }
+}
+
+/// Lands a read tensor in a zeroed `Vec` of the candle element type its dtype maps to, which
+/// [`WeightbayBackend`] turns into the candle tensor without a copy
+/// (`Tensor::from_vec`). Pass it to [`WeightSource::stored_tensors_in`] or
+/// [`Prefetched::landing_in`]; [`WeightbayBackend`] does both itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CandleAllocator;
+
+impl TensorAllocator for CandleAllocator {
+    fn allocate(
+        &self,
+        _name: &str,
+        dtype: &DType,
+        _shape: &[u64],
+        len: usize,
+    ) -> WbResult<Box<dyn AllocationController>> {
+        match candle_dtype(dtype)? {
+            CandleDType::U8 => Landed::<u8>::zeroed(len),
+            CandleDType::U32 => Landed::<u32>::zeroed(len),
+            CandleDType::I16 => Landed::<i16>::zeroed(len),
+            CandleDType::I32 => Landed::<i32>::zeroed(len),
+            CandleDType::I64 => Landed::<i64>::zeroed(len),
+            CandleDType::F16 => Landed::<half::f16>::zeroed(len),
+            CandleDType::BF16 => Landed::<half::bf16>::zeroed(len),
+            CandleDType::F32 => Landed::<f32>::zeroed(len),
+            CandleDType::F64 => Landed::<f64>::zeroed(len),
+            other => Err(Error::unsupported(format!(
+                "candle has no {other:?} tensors"
+            ))),
+        }
+    }
+}
+
+/// A candle tensor's storage-to-be, lent as bytes for a read to land in.
+#[derive(Debug)]
+struct Landed<T>(Vec<T>);
+
+impl<T: Pod + Send + Sync + std::fmt::Debug> Landed<T> {
+    /// `len` bytes of zeroed `T`s: `calloc`, whose large blocks are fresh pages the read
+    /// faults in as it writes.
+    fn zeroed(len: usize) -> WbResult<Box<dyn AllocationController>> {
+        let size = std::mem::size_of::<T>();
+        if !len.is_multiple_of(size) {
+            return Err(Error::invalid(format!(
+                "{len} bytes are not a whole number of {size}-byte elements"
+            )));
+        }
+        let elements = bytemuck::allocation::try_zeroed_vec::<T>(len / size)
+            .map_err(|()| Error::new(ErrorKind::Io, format!("could not allocate {len} bytes")))?;
+        Ok(Box::new(Self(elements)))
+    }
+}
+
+impl<T: Pod + Send + Sync + std::fmt::Debug> AllocationController for Landed<T> {
+    fn len(&self) -> usize {
+        std::mem::size_of_val(self.0.as_slice())
+    }
+    fn alignment(&self) -> usize {
+        std::mem::align_of::<T>()
+    }
+    fn property(&self) -> AllocationProperty {
+        AllocationProperty::Native
+    }
+    fn memory(&self, _policy: AccessPolicy) -> WbResult<&[u8]> {
+        Ok(bytemuck::cast_slice(&self.0))
+    }
+    fn memory_mut(&mut self) -> Option<&mut [u8]> {
+        Some(bytemuck::cast_slice_mut(&mut self.0))
+    }
+}
+
+/// The candle tensor over `bytes` when they are a [`Landed`] `Vec<T>`: no copy on the CPU.
+fn from_landed<T: Pod + WithDType + std::fmt::Debug>(
+    bytes: Bytes,
+    shape: &[usize],
     device: &Device,
-) -> weightbay::Result<CandleTensor> {
+) -> Result<candle_core::Result<CandleTensor>, Bytes> {
+    let landed = bytes.into_allocation::<Landed<T>>()?;
+    Ok(CandleTensor::from_vec(landed.0, shape, device))
+}
+
+/// Builds a candle tensor from a stored one: over the `Vec` the bytes landed in
+/// ([`CandleAllocator`]) without a copy; otherwise read in place where the source holds them
+/// (a map, memory) and copied once, by candle, into its tensor.
+fn to_candle(name: &str, stored: StoredTensor, device: &Device) -> WbResult<CandleTensor> {
     let dtype = candle_dtype(&stored.dtype).map_err(|e| e.with_tensor(name))?;
     let shape: Vec<usize> = stored
         .shape
@@ -86,9 +186,28 @@ fn to_candle(
                 "a dimension does not fit in memory",
             )
         })?;
-    let data = stored.bytes.read(AccessPolicy::AllowCopy)?;
-    CandleTensor::from_raw_buffer(data, dtype, &shape, device)
-        .map_err(|e| Error::invalid(format!("candle refused the tensor: {e}")).with_tensor(name))
+    let refused = |e: candle_core::Error| {
+        Error::invalid(format!("candle refused the tensor: {e}")).with_tensor(name)
+    };
+    let landed = match dtype {
+        CandleDType::U8 => from_landed::<u8>(stored.bytes, &shape, device),
+        CandleDType::U32 => from_landed::<u32>(stored.bytes, &shape, device),
+        CandleDType::I16 => from_landed::<i16>(stored.bytes, &shape, device),
+        CandleDType::I32 => from_landed::<i32>(stored.bytes, &shape, device),
+        CandleDType::I64 => from_landed::<i64>(stored.bytes, &shape, device),
+        CandleDType::F16 => from_landed::<half::f16>(stored.bytes, &shape, device),
+        CandleDType::BF16 => from_landed::<half::bf16>(stored.bytes, &shape, device),
+        CandleDType::F32 => from_landed::<f32>(stored.bytes, &shape, device),
+        CandleDType::F64 => from_landed::<f64>(stored.bytes, &shape, device),
+        _ => Err(stored.bytes),
+    };
+    match landed {
+        Ok(tensor) => tensor.map_err(refused),
+        Err(bytes) => {
+            let data = bytes.read(AccessPolicy::AllowCopy)?;
+            CandleTensor::from_raw_buffer(data, dtype, &shape, device).map_err(refused)
+        }
+    }
 }
 
 /// candle's name for a weightbay dtype.
@@ -246,4 +365,71 @@ fn host_bytes(tensor: &CandleTensor) -> candle_core::Result<Bytes> {
             )));
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(bytes: Bytes) -> StoredTensor {
+        StoredTensor {
+            dtype: DType::F32,
+            shape: vec![2, 3],
+            bytes,
+        }
+    }
+
+    fn storage_address(tensor: &CandleTensor) -> usize {
+        let (storage, _) = tensor.storage_and_layout();
+        match &*storage {
+            candle_core::Storage::Cpu(candle_core::CpuStorage::F32(values)) => {
+                values.as_ptr().addr()
+            }
+            _ => panic!("not a CPU f32 tensor"),
+        }
+    }
+
+    #[test]
+    fn a_tensor_landed_in_candles_memory_becomes_the_tensor_without_a_copy() {
+        let values: Vec<u8> = (1..=6u8).flat_map(|v| f32::from(v).to_le_bytes()).collect();
+        let mut allocation = CandleAllocator
+            .allocate("t", &DType::F32, &[2, 3], values.len())
+            .unwrap();
+        let memory = allocation.memory_mut().unwrap();
+        memory.copy_from_slice(&values);
+        let landed_at = memory.as_ptr().addr();
+        let tensor = to_candle(
+            "t",
+            stored(Bytes::from_controller(allocation)),
+            &Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(
+            storage_address(&tensor),
+            landed_at,
+            "the Vec the read landed in"
+        );
+        assert_eq!(
+            tensor.to_vec2::<f32>().unwrap(),
+            [[1., 2., 3.], [4., 5., 6.]]
+        );
+
+        // Bytes of anyone else's memory, or shared with another handle, are copied.
+        let other = Bytes::from(values.clone());
+        let copied = to_candle("t", stored(other.clone()), &Device::Cpu).unwrap();
+        let other_at = other.read(AccessPolicy::ZeroCopy).unwrap().as_ptr().addr();
+        assert_ne!(storage_address(&copied), other_at);
+        assert_eq!(
+            copied.to_vec2::<f32>().unwrap(),
+            [[1., 2., 3.], [4., 5., 6.]]
+        );
+    }
+
+    #[test]
+    fn an_allocation_of_a_partial_element_is_refused() {
+        let err = CandleAllocator
+            .allocate("t", &DType::F32, &[1], 7)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    }
 }

@@ -244,8 +244,8 @@ impl Deep {
 }
 
 /// Built from `s3://` through a proxy that adds 20 ms before each request, as a cloud store
-/// would: prefetched, the model constructor's 24 asks become a few batched requests; without,
-/// one request each. Counted by the proxy, so the prefetch is real, not a timing claim.
+/// would: prefetched (into buffers of the fetch's, or into candle's own memory), the model
+/// constructor's 24 asks become a few batched requests; without, one request each. Counted by the proxy, so the prefetch is real, not a timing claim.
 #[test]
 fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
     const LAYERS: usize = 12;
@@ -268,24 +268,32 @@ fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
     save_var_map(&varmap, Format::Safetensors, &storage, "deep.safetensors").unwrap();
     let tensors = 2 * LAYERS as u64;
 
-    let load = |prefetch: bool| {
+    // 0: one tensor at a time; 1: prefetched into the fetch's buffers; 2: prefetched into
+    // candle's own memory.
+    let load = |how: u8| {
         let before = proxy.count("requests");
         let reader = Reader::open_key(&storage, "deep.safetensors").unwrap();
-        let vb = |backend: Box<dyn candle_nn::var_builder::SimpleBackend>| {
-            VarBuilder::from_backend(backend, DType::F32, Device::Cpu)
+        let backend: Box<dyn candle_nn::var_builder::SimpleBackend> = match how {
+            0 => Box::new(WeightbayBackend::new(reader)),
+            1 => Box::new(WeightbayBackend::new(
+                Prefetched::new(reader, PrefetchPlan::All).unwrap(),
+            )),
+            _ => Box::new(WeightbayBackend::prefetching(reader, PrefetchPlan::All).unwrap()),
         };
-        let model = if prefetch {
-            let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
-            Deep::new(vb(Box::new(WeightbayBackend::new(prefetched))), LAYERS).unwrap()
-        } else {
-            Deep::new(vb(Box::new(WeightbayBackend::new(reader))), LAYERS).unwrap()
-        };
+        let vb = VarBuilder::from_backend(backend, DType::F32, Device::Cpu);
+        let model = Deep::new(vb, LAYERS).unwrap();
         (model, proxy.count("requests") - before)
     };
-    let (sequential, one_by_one) = load(false);
-    let (prefetched, batched) = load(true);
+    let (sequential, one_by_one) = load(0);
+    let (prefetched, batched) = load(1);
+    let (landed, batched_landing) = load(2);
     assert_eq!(sequential.outputs(), saved.outputs());
     assert_eq!(prefetched.outputs(), saved.outputs());
+    assert_eq!(landed.outputs(), saved.outputs());
+    assert!(
+        batched_landing <= 3,
+        "{batched_landing} requests prefetched into candle's memory, {one_by_one} one by one"
+    );
     // The open's own request (header, metadata and the first 64 KiB) comes first in both.
     assert!(
         one_by_one >= tensors,
