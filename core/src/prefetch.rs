@@ -97,8 +97,9 @@ struct State {
 
 impl State {
     /// Takes batch `number` out of the plan (when not started yet) and marks it in flight,
-    /// leaving out what the consumer read itself.
-    fn start(&mut self, number: usize) -> Option<Batch> {
+    /// leaving out what the consumer read itself; its bytes count against the budget when
+    /// `counted`.
+    fn start(&mut self, number: usize, counted: bool) -> Option<Batch> {
         let at = self.plan.binary_search_by_key(&number, |(n, _)| *n).ok()?;
         let (_, batch) = self.plan.remove(at)?;
         let batch: Batch = batch
@@ -108,7 +109,9 @@ impl State {
                 !self.taken.contains(name)
             })
             .collect();
-        self.in_flight_bytes += batch.iter().map(|(_, len)| len).sum::<u64>();
+        if counted {
+            self.in_flight_bytes += batch.iter().map(|(_, len)| len).sum::<u64>();
+        }
         self.in_flight
             .extend(batch.iter().map(|(name, _)| name.clone()));
         Some(batch)
@@ -242,13 +245,18 @@ impl<W: WeightSource> Shared<W> {
                 continue;
             }
             let number = *number;
-            let batch = state.start(number).unwrap_or_default();
-            state = self.fetch(state, batch);
+            let batch = state.start(number, true).unwrap_or_default();
+            state = self.fetch(state, batch, true);
         }
     }
 
     /// Fetches a started batch without holding the lock, and files what came back.
-    fn fetch<'a>(&'a self, state: MutexGuard<'a, State>, batch: Batch) -> MutexGuard<'a, State> {
+    fn fetch<'a>(
+        &'a self,
+        state: MutexGuard<'a, State>,
+        batch: Batch,
+        counted: bool,
+    ) -> MutexGuard<'a, State> {
         drop(state);
         let names: Vec<String> = batch.iter().map(|(name, _)| name.clone()).collect();
         let fetched = self.read(&names);
@@ -257,7 +265,9 @@ impl<W: WeightSource> Shared<W> {
             Ok(fetched) => {
                 for ((name, len), stored) in batch.into_iter().zip(fetched) {
                     state.in_flight.remove(&name);
-                    state.in_flight_bytes -= len;
+                    if counted {
+                        state.in_flight_bytes -= len;
+                    }
                     if let Some(stored) = stored
                         && !state.taken.contains(&name)
                     {
@@ -270,7 +280,9 @@ impl<W: WeightSource> Shared<W> {
                 // Asked for, each tensor is read alone and reports its own error.
                 for (name, len) in &batch {
                     state.in_flight.remove(name);
-                    state.in_flight_bytes -= len;
+                    if counted {
+                        state.in_flight_bytes -= len;
+                    }
                 }
             }
         }
@@ -293,8 +305,11 @@ impl<W: WeightSource> Shared<W> {
                 continue;
             }
             let number = state.planned.get(name).copied();
-            match number.and_then(|number| state.start(number)) {
-                Some(batch) => state = self.fetch(state, batch),
+            // The consumer waits for this batch: it runs on the consumer's thread at once, and
+            // does not take the room of the batches ahead of it (the one batch beyond the
+            // budget that memory may hold).
+            match number.and_then(|number| state.start(number, false)) {
+                Some(batch) => state = self.fetch(state, batch, false),
                 None => {
                     state.taken.insert(name.to_owned());
                     return None;
