@@ -42,7 +42,8 @@ pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
         let blocked = std::cell::RefCell::new(Vec::new());
         let background_save = || -> Result<Duration> {
             let start = Instant::now();
-            let handle = checkpoints.save_in_background(next(), writer(), SaveOptions::default())?;
+            let handle =
+                checkpoints.save_in_background(next(), writer(), SaveOptions::default())?;
             blocked.borrow_mut().push(start.elapsed());
             handle.wait()?;
             let total = start.elapsed();
