@@ -1,7 +1,6 @@
 //! Peak memory, measured in a fresh process: this program re-run with `--rss-case`.
 
 use std::path::Path;
-use std::time::Duration;
 
 use weightbay::{Bytes, DType, Error, Format, Result, Tensor, Writer};
 use weightbay_local::LocalStorage;
@@ -18,24 +17,6 @@ pub(crate) fn rss(field: &str) -> u64 {
         .find_map(|line| line.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
-}
-
-/// CPU time this process has used on all its threads, user and system (Linux; 0 elsewhere),
-/// in the kernel's clock ticks of 10 ms.
-pub(crate) fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces:
-    // utime and stime are the 12th and 13th of them.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i)?.parse::<u64>().ok())
-        .sum();
-    Duration::from_millis(ticks * 10)
 }
 
 /// In a fresh process: save `size_mib` MiB of deferred 16 MiB tensors and print the peak RSS.

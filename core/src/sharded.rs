@@ -11,7 +11,7 @@ use crate::keys::unique_token;
 use crate::options::WriteMode;
 use crate::storage::Storage;
 use crate::storage_ext::StorageExt;
-use crate::weights::{StoredTensor, WeightSource};
+use crate::weights::{StoredTensor, TensorAllocator, WeightSource};
 use crate::{Error, ErrorKind, Reader, Result, Tensor, Writer};
 
 /// Writes a checkpoint as shards of about `shard_len` bytes plus an index. Every shard is
@@ -302,7 +302,29 @@ impl WeightSource for ShardedWeights {
 
     /// One batched read per shard the names touch.
     fn stored_tensors(&self, names: &[String]) -> Result<Vec<Option<StoredTensor>>> {
-        let mut by_shard: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+        self.by_shard(names, |shard, wanted| shard.stored_tensors(wanted))
+    }
+
+    /// One batched read per shard the names touch, each into `allocator`'s memory.
+    fn stored_tensors_in(
+        &self,
+        names: &[String],
+        allocator: &dyn TensorAllocator,
+    ) -> Result<Vec<Option<StoredTensor>>> {
+        self.by_shard(names, |shard, wanted| {
+            shard.stored_tensors_in(wanted, allocator)
+        })
+    }
+}
+
+impl ShardedWeights {
+    /// `names`, in order, read with one `read` of each shard they touch.
+    fn by_shard(
+        &self,
+        names: &[String],
+        read: impl Fn(&Reader, &[String]) -> Result<Vec<Option<StoredTensor>>>,
+    ) -> Result<Vec<Option<StoredTensor>>> {
+        let mut by_shard: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
         for (i, name) in names.iter().enumerate() {
             if let Some(file) = self.weight_map.get(name) {
                 by_shard.entry(file.as_str()).or_default().push(i);
@@ -313,7 +335,7 @@ impl WeightSource for ShardedWeights {
             let first = indices.first().map_or("", |&i| names[i].as_str());
             let shard = self.shard(file).map_err(|e| e.with_tensor(first))?;
             let wanted: Vec<String> = indices.iter().map(|&i| names[i].clone()).collect();
-            for (i, stored) in indices.into_iter().zip(shard.stored_tensors(&wanted)?) {
+            for (i, stored) in indices.into_iter().zip(read(&shard, &wanted)?) {
                 if stored.is_none() {
                     return Err(Error::corrupt(format!(
                         "the index puts it in `{file}`, which does not hold it"

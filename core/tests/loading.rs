@@ -321,6 +321,15 @@ fn a_sharded_set_prefetches_across_its_shards() {
     assert!(summary.shards.len() > 2, "{} shards", summary.shards.len());
     let sharded = ShardedWeights::open(storage, &summary.index).unwrap();
     assert_eq!(sharded.catalog().unwrap().len(), 12);
+    // Read into a consumer's memory, shard by shard.
+    let names: Vec<String> = (0..12).rev().map(|i| format!("layers.{i}.w")).collect();
+    let landed = sharded
+        .stored_tensors_in(&names, &Keep { short: false })
+        .unwrap();
+    for (i, stored) in (0..12).rev().zip(landed) {
+        let owned = stored.unwrap().bytes.into_allocation::<Owned>().unwrap();
+        assert_eq!(owned.0, vec![i as u8; 64]);
+    }
     let prefetched = Prefetched::with_budget(sharded, PrefetchPlan::All, 1 << 20).unwrap();
     for i in 0..12 {
         assert_eq!(

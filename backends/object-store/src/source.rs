@@ -111,6 +111,13 @@ impl Remote {
         Ok(())
     }
 
+    /// How many of `requests` run at once: as many of the longest as the fetch budget holds,
+    /// at least one and at most [`MAX_REQUESTS_IN_FLIGHT`].
+    fn in_flight<'a>(&self, requests: impl Iterator<Item = &'a Range<u64>>) -> usize {
+        let largest = requests.map(|r| r.end - r.start).max().unwrap_or(1).max(1);
+        (self.fetch_budget as u64 / largest).clamp(1, MAX_REQUESTS_IN_FLIGHT) as usize
+    }
+
     fn read_error(&self, offset: u64, e: object_store::Error) -> Error {
         let changed = matches!(
             e,
@@ -234,13 +241,7 @@ impl ObjectSource {
                 requests.push((piece, buffer.split_to(len)));
             }
         }
-        let largest = requests
-            .iter()
-            .map(|(r, _)| r.end - r.start)
-            .max()
-            .unwrap_or(1);
-        let parallel =
-            (self.0.fetch_budget as u64 / largest.max(1)).clamp(1, MAX_REQUESTS_IN_FLIGHT) as usize;
+        let parallel = self.0.in_flight(requests.iter().map(|(r, _)| r));
         let remote = Arc::clone(&self.0);
         let pinned: Vec<(usize, Range<u64>, GetOptions, BytesMut)> = requests
             .into_iter()
@@ -327,13 +328,7 @@ impl ObjectSource {
                 requests.push((piece, Arc::clone(&members)));
             }
         }
-        let largest = requests
-            .iter()
-            .map(|(r, _)| r.end - r.start)
-            .max()
-            .unwrap_or(1);
-        let parallel =
-            (remote.fetch_budget as u64 / largest.max(1)).clamp(1, MAX_REQUESTS_IN_FLIGHT) as usize;
+        let parallel = remote.in_flight(requests.iter().map(|(r, _)| r));
         let pinned: Vec<(usize, GetOptions)> = requests
             .iter()
             .enumerate()

@@ -31,9 +31,9 @@ use weightbay_object_store::ObjectStoreOptions;
 
 use crate::Bench;
 use crate::cases::remote::{CONNECTION_BYTES_PER_SECOND, CONNECTIONS, throttled_storage};
-use crate::harness::{median, print_runs, touch};
+use crate::harness::{cpu_time, median, print_runs, touch};
 use crate::report::Row;
-use crate::rss::{cpu_time, rss};
+use crate::rss::rss;
 use crate::store::SlowStore;
 
 /// Staging buffer lengths tried: one request each, one buffer per connection. Each request
