@@ -517,29 +517,29 @@ mod tests {
         );
     }
 
+    /// The lengths of the batches tensors of `lens` are cut into.
+    fn cut(lens: &[u64], batch_bytes: u64) -> Vec<Vec<u64>> {
+        let tensors = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (format!("t{i}"), len))
+            .collect();
+        batches(tensors, batch_bytes)
+            .into_iter()
+            .map(|b| b.into_iter().map(|(_, len)| len).collect())
+            .collect()
+    }
+
     #[test]
     fn batches_keep_order_and_size() {
-        let tensors: Vec<(String, u64)> = [3, 3, 3, 10, 1]
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| (format!("t{i}"), len))
-            .collect();
-        let cut: Vec<Vec<u64>> = batches(tensors, 6)
-            .into_iter()
-            .map(|b| b.into_iter().map(|(_, len)| len).collect())
-            .collect();
-        assert_eq!(cut, [vec![3, 3], vec![3], vec![10], vec![1]]);
-
+        assert_eq!(
+            cut(&[3, 3, 3, 10, 1], 6),
+            [vec![3, 3], vec![3], vec![10], vec![1]]
+        );
         // Under a sixteenth of a batch, a norm rides with the large tensor after it.
-        let tensors: Vec<(String, u64)> = [1, 100, 1, 50, 50]
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| (format!("t{i}"), len))
-            .collect();
-        let cut: Vec<Vec<u64>> = batches(tensors, 64)
-            .into_iter()
-            .map(|b| b.into_iter().map(|(_, len)| len).collect())
-            .collect();
-        assert_eq!(cut, [vec![1, 100], vec![1, 50], vec![50]]);
+        assert_eq!(
+            cut(&[1, 100, 1, 50, 50], 64),
+            [vec![1, 100], vec![1, 50], vec![50]]
+        );
     }
 }
