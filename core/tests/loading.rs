@@ -382,6 +382,29 @@ fn staged_tensors_arrive_whole_through_buffers_smaller_and_larger_than_them() {
 }
 
 #[test]
+fn staged_buffers_are_filled_whole_but_the_last() {
+    let (reader, _) = remote(20, 3000, 0);
+    let names: Vec<String> = (0..20).map(|i| format!("layers.{i}.w")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    for buffer_len in [1000, 7000, 25_000] {
+        let pool = StagingPool::new(3, buffer_len).unwrap();
+        let mut lens = Vec::new();
+        reader
+            .stage(&names, &pool, |staged| {
+                lens.push(staged.bytes().len());
+                Ok(())
+            })
+            .unwrap();
+        lens.sort_unstable();
+        // Tensors are cut where a buffer ends: one read short of a buffer, at the end.
+        assert!(
+            lens[1..].iter().all(|&len| len == buffer_len),
+            "{buffer_len}-byte buffers read {lens:?}"
+        );
+    }
+}
+
+#[test]
 fn staging_checks_names_first_and_stops_on_the_consumers_error() {
     let (reader, _) = remote(10, 1000, 0);
     let pool = StagingPool::new(2, 1000).unwrap();
