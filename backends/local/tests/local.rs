@@ -461,3 +461,71 @@ fn rename_no_replace_takes_a_free_name_and_refuses_a_taken_one() {
     assert_eq!(fs::read(&taken).expect("read"), b"taken");
     assert_eq!(fs::read(&b).expect("read"), b"b");
 }
+
+/// A source in memory that says it gains from reading ahead, as an object store does, and
+/// notes the threads that read it; reads from `fail_at` on fail.
+#[derive(Debug)]
+struct ReadAhead {
+    inner: weightbay::MemorySource,
+    readers: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+    fail_at: u64,
+}
+
+impl ReadAhead {
+    fn new(data: Vec<u8>, fail_at: u64) -> Self {
+        Self {
+            inner: weightbay::MemorySource::new(weightbay::SharedBytes::from(data)),
+            readers: std::sync::Mutex::default(),
+            fail_at,
+        }
+    }
+}
+
+impl weightbay::Source for ReadAhead {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+        self.readers
+            .lock()
+            .unwrap()
+            .insert(std::thread::current().id());
+        if offset + buf.len() as u64 > self.fail_at {
+            return Err(weightbay::Error::new(ErrorKind::Io, "refused for the test"));
+        }
+        self.inner.read_at(offset, buf)
+    }
+    fn fetch_ahead(&self) -> u64 {
+        64 << 20
+    }
+}
+
+#[test]
+fn a_copy_from_a_store_reads_ahead_on_several_threads_and_lands_whole() {
+    use weightbay::{CreateOptions, StorageExt};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path());
+    // Three and a bit 16 MiB windows, each byte telling where it is.
+    let data: Vec<u8> = (0..(50u64 << 20) + 12_345)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let source = ReadAhead::new(data.clone(), u64::MAX);
+    let crc = storage
+        .copy_in("copied.bpk", &source, CreateOptions::default())
+        .unwrap();
+    assert_eq!(crc, weightbay::checksum::crc32c(&data));
+    assert!(fs::read(dir.path().join("copied.bpk")).unwrap() == data);
+    assert!(
+        source.readers.lock().unwrap().len() > 1,
+        "the windows were read on one thread"
+    );
+
+    // A read failing part-way leaves the copy as it was and no scratch file behind.
+    let failing = ReadAhead::new(vec![9; 40 << 20], 30 << 20);
+    let err = storage
+        .copy_in("copied.bpk", &failing, CreateOptions::default())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(fs::read(dir.path().join("copied.bpk")).unwrap() == data);
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+}

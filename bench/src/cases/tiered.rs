@@ -128,14 +128,18 @@ fn against_s3(b: &mut Bench<'_>, local: &Arc<dyn Storage>, url: &str) -> Result<
         bytes: 0,
     });
 
+    // Where each run's time goes: the local save, then the promotion waited for.
+    let parts = std::cell::RefCell::new(Vec::new());
     let (durable, direct_save) = paired(
         b.table.runs,
         Start::Emptied,
         || {
+            let mut saved = Duration::ZERO;
             let time = timed(|| {
-                tiered.save(next(), writer())?;
+                saved = timed(|| tiered.save(next(), writer()).map(drop))?;
                 tiered.flush()
             })?;
+            parts.borrow_mut().push((saved, time - saved));
             tiered.retain(&keep_one())?;
             Ok(time)
         },
@@ -145,6 +149,12 @@ fn against_s3(b: &mut Bench<'_>, local: &Arc<dyn Storage>, url: &str) -> Result<
             Ok(time)
         },
     )?;
+    let parts = parts.into_inner();
+    println!(
+        "    each tiered run, seconds: local save {}; promotion after it {}",
+        seconds(parts.iter().map(|p| p.0)),
+        seconds(parts.iter().map(|p| p.1))
+    );
     b.table.push(Row {
         case: "tiered save, start to durable on the remote tier".to_owned(),
         ours: durable,
@@ -152,6 +162,12 @@ fn against_s3(b: &mut Bench<'_>, local: &Arc<dyn Storage>, url: &str) -> Result<
         bytes,
     });
     Ok(())
+}
+
+/// Durations as seconds, space-separated.
+fn seconds(times: impl Iterator<Item = Duration>) -> String {
+    let times: Vec<String> = times.map(|t| format!("{:.2}", t.as_secs_f64())).collect();
+    times.join(" ")
 }
 
 /// A training step: a fixed amount of arithmetic on one core.
