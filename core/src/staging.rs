@@ -202,10 +202,10 @@ impl Reader {
     /// Streams the named tensors through the pool's buffers: as many reads run at once as
     /// the pool has buffers, each filling one whole buffer with a range of the container (a
     /// tensor that does not fit what is left of a buffer goes on in the next), and `consume`
-    /// is called on this thread with
-    /// each filled buffer as it arrives, in no set order. A buffer goes back to the pool when
-    /// its [`Staged`] is dropped, so a consumer may keep one while an asynchronous copy from it
-    /// runs, but must not keep them all: the reads wait for a free buffer.
+    /// is called on this thread with each filled buffer as it arrives, in no set order. A
+    /// buffer goes back to the pool when its [`Staged`] is dropped, so a consumer may keep one
+    /// while an asynchronous copy from it runs, but must not keep them all: the reads wait for
+    /// a free buffer.
     ///
     /// Every name is checked before anything is read. The bytes are not checked against a
     /// trailer; [`verify`](Self::verify) does that.
@@ -310,7 +310,8 @@ fn piece_tensor(error: &Error, infos: &[&TensorInfo]) -> usize {
 /// The reads that bring `infos` into buffers of `buffer_len`: in container order, neighbours
 /// closer than [`SHARE_GAP`] sharing a buffer and filling it, a tensor cut where a buffer
 /// ends, so that every read but those before a gap is a whole buffer (a tensor that started
-/// a buffer of its own left buffers part-empty: 174 reads of 16 MiB buffers for 2 GiB, not 128).
+/// a buffer of its own left buffers part-empty: 174 reads of 16 MiB buffers for 2 GiB, where
+/// 124 fill them).
 fn plan(infos: &[&TensorInfo], buffer_len: usize) -> Vec<Piece> {
     let buffer_len = buffer_len as u64;
     let mut order: Vec<usize> = (0..infos.len()).collect();
@@ -320,17 +321,17 @@ fn plan(infos: &[&TensorInfo], buffer_len: usize) -> Vec<Piece> {
         let range = infos[i].range();
         let mut start = range.start;
         while start < range.end {
-            let shares = pieces.last().is_some_and(|last| {
-                start >= last.range.end
-                    && start - last.range.end <= SHARE_GAP
-                    && start - last.range.start < buffer_len
-            });
-            let buffer_start = match pieces.last() {
-                Some(last) if shares => last.range.start,
-                _ => start,
-            };
-            let end = range.end.min(buffer_start + buffer_len);
-            if !shares {
+            // The start of the buffer this run of bytes goes on filling, if any.
+            let shared = pieces
+                .last()
+                .filter(|last| {
+                    start >= last.range.end
+                        && start - last.range.end <= SHARE_GAP
+                        && start - last.range.start < buffer_len
+                })
+                .map(|last| last.range.start);
+            let end = range.end.min(shared.unwrap_or(start) + buffer_len);
+            if shared.is_none() {
                 pieces.push(Piece {
                     range: start..start,
                     segments: Vec::new(),
