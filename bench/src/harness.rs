@@ -134,18 +134,20 @@ pub(crate) fn paired(
 
 /// Prints every run's figure, so a reader can see the spread behind a median.
 pub(crate) fn print_runs(ours: &[Duration], peer: &[Duration]) {
-    let seconds = |times: &[Duration]| {
-        times
-            .iter()
-            .map(|t| format!("{:.3}", t.as_secs_f64()))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
     println!(
         "    each run, seconds: weightbay {}; peer {}",
         seconds(ours),
         seconds(peer)
     );
+}
+
+/// Durations as seconds, space-separated.
+pub(crate) fn seconds(times: &[Duration]) -> String {
+    times
+        .iter()
+        .map(|t| format!("{:.3}", t.as_secs_f64()))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Reads every tensor of `reader` in place, directly or as WeightSource components.

@@ -17,7 +17,7 @@ use weightbay_object_store::ObjectStoreOptions;
 
 use crate::Bench;
 use crate::cases::remote::{store_with, throttled_storage};
-use crate::harness::{Start, io, paired, print_runs, timed};
+use crate::harness::{Start, io, paired, print_runs, seconds, timed};
 use crate::report::Row;
 
 /// How often the loop of the capped-store case saves.
@@ -149,11 +149,12 @@ fn against_s3(b: &mut Bench<'_>, local: &Arc<dyn Storage>, url: &str) -> Result<
             Ok(time)
         },
     )?;
-    let parts = parts.into_inner();
+    let (saves, promotions): (Vec<Duration>, Vec<Duration>) =
+        parts.into_inner().into_iter().unzip();
     println!(
         "    each tiered run, seconds: local save {}; promotion after it {}",
-        seconds(parts.iter().map(|p| p.0)),
-        seconds(parts.iter().map(|p| p.1))
+        seconds(&saves),
+        seconds(&promotions)
     );
     b.table.push(Row {
         case: "tiered save, start to durable on the remote tier".to_owned(),
@@ -162,12 +163,6 @@ fn against_s3(b: &mut Bench<'_>, local: &Arc<dyn Storage>, url: &str) -> Result<
         bytes,
     });
     Ok(())
-}
-
-/// Durations as seconds, space-separated.
-fn seconds(times: impl Iterator<Item = Duration>) -> String {
-    let times: Vec<String> = times.map(|t| format!("{:.2}", t.as_secs_f64())).collect();
-    times.join(" ")
 }
 
 /// A training step: a fixed amount of arithmetic on one core.
