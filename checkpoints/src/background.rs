@@ -1,12 +1,14 @@
 //! Saving in the background: the save runs on a thread of its own while training goes on,
 //! one at a time, and a failure is never lost, even when its handle is dropped.
 
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use weightbay::backend_kit::unique_token;
 use weightbay::{Background, Error, ErrorKind, Result, Writer};
 
 use crate::checkpoints::Checkpoints;
+use crate::following::Followed;
 use crate::in_flight::{Saves, take_unobserved};
 use crate::record::CommitRecord;
 use crate::save::SaveOptions;
@@ -30,12 +32,24 @@ impl Checkpoints {
         writer: Writer,
         options: SaveOptions,
     ) -> Result<SaveHandle> {
+        self.save_in_background_followed(step, writer, options, None)
+    }
+
+    /// [`save_in_background`](Self::save_in_background), announcing each container to
+    /// `follower` as it is created (see [`Recording::followed_by`](crate::recording::Recording::followed_by)).
+    pub(crate) fn save_in_background_followed(
+        &self,
+        step: u64,
+        writer: Writer,
+        options: SaveOptions,
+        follower: Option<Sender<Followed>>,
+    ) -> Result<SaveHandle> {
         let save_dir = format!("{}/{}", self.step_dir(step), unique_token());
         self.saves.begin((step, save_dir.clone()))?;
         let outcome = Arc::new(Mutex::new(Outcome::Running));
         let (checkpoints, theirs) = (self.clone(), Arc::clone(&outcome));
         let work = Background::spawn("weightbay-checkpoint", move || {
-            let result = checkpoints.write_and_commit(step, &save_dir, writer, options);
+            let result = checkpoints.write_and_commit(step, &save_dir, writer, options, follower);
             let mut outcome = theirs.lock().unwrap_or_else(PoisonError::into_inner);
             match (&*outcome, result) {
                 (Outcome::Abandoned, Err(e)) => checkpoints.saves.lock().unobserved.push(e),

@@ -2,12 +2,14 @@
 //! compared to the record on the way, the record written last, as a save would.
 
 use weightbay::backend_kit::{read_in_order, unique_token};
+use weightbay::checksum::crc32c_combine;
 use weightbay::{
     CreateOptions, Durability, Error, ErrorKind, Result, Source, Storage, StorageExt, WriteMode,
 };
 
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
+use crate::following::{Head, Heads};
 use crate::layout::{self, manifest_key};
 use crate::ranks::{RankOutcome, check_same};
 use crate::record::{
@@ -33,19 +35,23 @@ impl Checkpoints {
         durability: Durability,
     ) -> Result<CommitRecord> {
         let step = checkpoint.step();
-        let dir = self.step_dir(step);
-        self.saves.begin((step, dir.clone()))?;
-        let result = self.copy_containers(checkpoint, &dir, durability);
+        self.saves.begin((step, self.step_dir(step)))?;
+        let result = self.copy_containers(checkpoint, &unique_token(), Heads::new(), durability);
         self.saves.end();
         result
     }
 
-    fn copy_containers(
+    /// Copies `checkpoint` into save directory `save` of its step here, going on from `heads`
+    /// (containers streamed already, [`following`](crate::following)) where it has them; the
+    /// caller holds the step's save slot.
+    pub(crate) fn copy_containers(
         &self,
         checkpoint: &Checkpoint,
-        dir: &str,
+        save: &str,
+        heads: Heads,
         durability: Durability,
     ) -> Result<CommitRecord> {
+        let dir = &self.step_dir(checkpoint.step());
         let record_key = layout::record_key(dir);
         if self.storage.open(&record_key).is_ok() {
             return Err(Error::new(
@@ -56,13 +62,9 @@ impl Checkpoints {
         }
         // Into a save directory of this copy's own, like any save, so a racing copy or save
         // of the step never writes over these containers.
-        let save = unique_token();
-        let moved = |key: &str| match key.split_once('/') {
-            Some((_, rest)) => format!("{save}/{rest}"),
-            None => format!("{save}/{key}"),
-        };
+        let moved = |key: &str| moved_into(save, key);
         if let Some(pieces) = &checkpoint.record.pieces {
-            return self.copy_materialized(checkpoint, pieces, dir, &save, durability);
+            return self.copy_materialized(checkpoint, pieces, dir, save, durability);
         }
         let mut record = checkpoint.record.clone();
         record.index = record.index.as_deref().map(moved);
@@ -72,8 +74,8 @@ impl Checkpoints {
         record.containers = self.copy_stored(
             (checkpoint.storage.as_ref(), checkpoint.dir()),
             &checkpoint.record.containers,
-            dir,
-            moved,
+            (dir, moved),
+            heads,
             durability,
         )?;
         encode(&record)
@@ -203,8 +205,8 @@ impl Checkpoints {
         manifest.containers = self.copy_stored(
             (from.storage.as_ref(), &from_dir),
             &theirs.containers,
-            &dir,
-            moved,
+            (&dir, moved),
+            Heads::new(),
             Durability::Default,
         )?;
         for tensor in manifest.tensors.values_mut() {
@@ -229,14 +231,15 @@ impl Checkpoints {
 
 impl Checkpoints {
     /// Streams every one of `containers`, stored under directory `from_dir` of `from`, here to
-    /// `dir` and the key `moved` makes of its own, each CRC32C checked against its record;
-    /// returns their records with the new keys. On a failure it removes what it wrote.
+    /// `dir` and the key `moved` makes of its own, each CRC32C checked against its record and
+    /// going on from its head when `heads` has one; returns their records with the new keys.
+    /// On a failure it removes what it wrote.
     fn copy_stored(
         &self,
         (from, from_dir): (&dyn Storage, &str),
         containers: &[ContainerRecord],
-        dir: &str,
-        moved: impl Fn(&str) -> String,
+        (dir, moved): (&str, impl Fn(&str) -> String),
+        mut heads: Heads,
         durability: Durability,
     ) -> Result<Vec<ContainerRecord>> {
         let mut copied = Vec::with_capacity(containers.len());
@@ -246,13 +249,16 @@ impl Checkpoints {
                 ..container.clone()
             };
             let from_key = format!("{from_dir}/{}", container.key);
+            let key = format!("{dir}/{}", to.key);
             let written = from
                 .open(&from_key)
                 .map_err(|e| e.with_key(&from_key))
                 .and_then(|source| {
-                    let key = format!("{dir}/{}", to.key);
-                    let source = (source.as_ref(), from_key.as_str());
-                    copy_checked(source, container, self.storage.as_ref(), &key, durability)
+                    let head = match heads.remove(&container.key) {
+                        Some(head) => head,
+                        None => create_for(container, self.storage.as_ref(), &key, durability)?,
+                    };
+                    finish_checked((source.as_ref(), &from_key), container, head, &key)
                 });
             if let Err(e) = written {
                 // The one that failed left nothing: its sink aborted.
@@ -272,6 +278,36 @@ impl Checkpoints {
     }
 }
 
+/// The key `key` (relative to its step directory, in save directory `<token>/`, or at the top)
+/// takes in save directory `save` of a copy.
+pub(crate) fn moved_into(save: &str, key: &str) -> String {
+    match key.split_once('/') {
+        Some((_, rest)) => format!("{save}/{rest}"),
+        None => format!("{save}/{key}"),
+    }
+}
+
+/// A sink at `key` of `storage` for `container`'s bytes, nothing written yet.
+fn create_for(
+    container: &ContainerRecord,
+    storage: &dyn Storage,
+    key: &str,
+    durability: Durability,
+) -> Result<Head> {
+    let options = CreateOptions::default()
+        .with_mode(WriteMode::Overwrite)
+        .with_durability(durability)
+        .with_expected_len(container.len);
+    let sink = storage
+        .create(key, &options)
+        .map_err(|e| e.with_operation("create").with_key(key))?;
+    Ok(Head {
+        sink,
+        len: 0,
+        crc: 0,
+    })
+}
+
 /// Streams `source` (`from` names it in errors), whose bytes `container` records, to `key` of
 /// `storage`, comparing length and CRC32C with the record before committing.
 fn copy_checked(
@@ -281,17 +317,28 @@ fn copy_checked(
     key: &str,
     durability: Durability,
 ) -> Result<()> {
+    let head = create_for(container, storage, key, durability)?;
+    finish_checked((source, from), container, head, key)
+}
+
+/// Writes the bytes of `source` past what `head` holds into its sink, compares length and
+/// CRC32C of everything it holds then with `container`'s record, and commits it.
+fn finish_checked(
+    (source, from): (&dyn Source, &str),
+    container: &ContainerRecord,
+    head: Head,
+    key: &str,
+) -> Result<()> {
     container.check_len(source.len(), from)?;
-    let options = CreateOptions::default()
-        .with_mode(WriteMode::Overwrite)
-        .with_durability(durability)
-        .with_expected_len(container.len);
-    let mut sink = storage
-        .create(key, &options)
-        .map_err(|e| e.with_operation("create").with_key(key))?;
-    let crc = read_in_order(source, 0..source.len(), |window| sink.write(window))
+    let Head { mut sink, len, crc } = head;
+    if len > source.len() {
+        // More streamed than the container holds: not its bytes.
+        return container.check_len(len, from);
+    }
+    let rest = read_in_order(source, len..source.len(), |window| sink.write(window))
         .map_err(|e| e.with_key(key))?;
-    container.check_crc(crc, from)?;
+    let rest_len = usize::try_from(source.len() - len).unwrap_or(usize::MAX);
+    container.check_crc(crc32c_combine(crc, rest, rest_len), from)?;
     sink.commit()
         .map_err(|e| e.with_operation("commit").with_key(key))
 }

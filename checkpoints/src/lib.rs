@@ -72,6 +72,7 @@ mod checkpoint;
 mod checkpoints;
 mod content;
 mod copy;
+mod following;
 mod in_flight;
 mod incremental;
 mod layout;

@@ -5,6 +5,7 @@
 //! bound.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use weightbay::{Background, Durability, Error, ErrorKind, Result};
 
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
+use crate::following::{Followed, Heads};
 use crate::record::CommitRecord;
 
 /// The promotion outcomes a value remembers: older ones are forgotten (a step forgotten shows
@@ -294,6 +296,38 @@ impl Tiers {
         }
     }
 
+    /// Starts promoting `step` as its save writes it ([`following`](crate::following)) when
+    /// the policy chooses it and no promotion waits or runs, so it would start at once anyway
+    /// and never competes with another for the durable tier. Returns where the save announces
+    /// its containers, or `None` when the step is left to [`queue`](Self::queue).
+    pub(crate) fn follow_save(
+        self: &Arc<Self>,
+        step: u64,
+        policy: &Promotion,
+    ) -> Option<Sender<Followed>> {
+        let mut queue = self.promoter.lock();
+        if !step.is_multiple_of(policy.multiple_of)
+            || queue.working
+            || !queue.copying.is_empty()
+            || !queue.waiting.is_empty()
+        {
+            return None;
+        }
+        let job = Job { step, rank: None };
+        let (announce, announced) = std::sync::mpsc::channel();
+        let tiers = Arc::clone(self);
+        let worker = Background::spawn("weightbay-promotion", move || {
+            tiers.promote_caught(job, || tiers.follow(step, announced));
+            tiers.work();
+        });
+        // A worker that cannot start leaves the step to the queue, which reports why.
+        worker.ok()?;
+        queue.working = true;
+        queue.copying.push(job);
+        queue.set(step, PromotionState::Copying);
+        Some(announce)
+    }
+
     /// The worker: copies the oldest waiting promotion until none waits.
     fn work(&self) {
         loop {
@@ -309,24 +343,31 @@ impl Tiers {
                 self.promoter.changed.notify_all();
                 job
             };
-            // A panic is this promotion's failure, not the end of the worker: a worker gone
-            // with promotions still queued would leave `flush` waiting for ever.
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run(job)));
-            let (promoted, unsaved) = run.unwrap_or_else(|_| {
-                let panicked = format!("the promotion of step {} panicked", job.step);
-                (Err(Error::new(ErrorKind::Io, panicked)), false)
-            });
-            let mut queue = self.promoter.lock();
-            queue.copying.retain(|copying| *copying != job);
-            queue.ended(job.step, &promoted);
-            match promoted {
-                // A save that did not commit reported that itself, through its handle.
-                Err(_) if unsaved => {}
-                Err(e) => queue.failure = Some((job.step, e)),
-                Ok(()) => {}
-            }
-            self.promoter.changed.notify_all();
+            self.promote_caught(job, || self.run(job));
         }
+    }
+
+    /// Runs `promote`, the promotion of `job` marked as being copied, and records how it
+    /// ended. `promote` says how, and whether it failed because the step's save did not
+    /// commit.
+    fn promote_caught(&self, job: Job, promote: impl FnOnce() -> (Result<()>, bool)) {
+        // A panic is this promotion's failure, not the end of the worker: a worker gone with
+        // promotions still queued would leave `flush` waiting for ever.
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(promote));
+        let (promoted, unsaved) = run.unwrap_or_else(|_| {
+            let panicked = format!("the promotion of step {} panicked", job.step);
+            (Err(Error::new(ErrorKind::Io, panicked)), false)
+        });
+        let mut queue = self.promoter.lock();
+        queue.copying.retain(|copying| *copying != job);
+        queue.ended(job.step, &promoted);
+        match promoted {
+            // A save that did not commit reported that itself, through its handle.
+            Err(_) if unsaved => {}
+            Err(e) => queue.failure = Some((job.step, e)),
+            Ok(()) => {}
+        }
+        self.promoter.changed.notify_all();
     }
 
     /// Runs `job`: how it ended, and whether it failed because the fast tier's save of the
@@ -347,7 +388,7 @@ impl Tiers {
                 let unsaved = opened
                     .as_ref()
                     .is_err_and(|e| e.kind() == ErrorKind::NotFound);
-                (opened.and_then(|c| self.copy(&c)).map(drop), unsaved)
+                (opened.and_then(|c| self.copy(&c, None)).map(drop), unsaved)
             }
         }
     }
@@ -371,7 +412,7 @@ impl Tiers {
                     "step {step} is not a complete checkpoint on the fast tier"
                 ))
             })
-            .and_then(|checkpoint| self.copy(&checkpoint));
+            .and_then(|checkpoint| self.copy(&checkpoint, None));
         let mut queue = self.promoter.lock();
         queue.copying.retain(|copying| *copying != job);
         queue.ended(step, &promoted);
@@ -386,9 +427,22 @@ impl Tiers {
     /// # Errors
     /// [`ErrorKind::AlreadyExists`] when the durable tier holds the step with other bytes;
     /// the copy's errors.
-    fn copy(&self, checkpoint: &Checkpoint) -> Result<CommitRecord> {
+    /// Streamed containers (`heads`) go into save directory `save` of the step, whose save
+    /// slot the caller holds; without them the copy is [`Checkpoints::copy_from`].
+    pub(crate) fn copy(
+        &self,
+        checkpoint: &Checkpoint,
+        streamed: Option<(&str, Heads)>,
+    ) -> Result<CommitRecord> {
         let step = checkpoint.step();
-        match self.durable.copy_from(checkpoint, Durability::Default) {
+        let copied = match streamed {
+            Some((save, heads)) => {
+                self.durable
+                    .copy_containers(checkpoint, save, heads, Durability::Default)
+            }
+            None => self.durable.copy_from(checkpoint, Durability::Default),
+        };
+        match copied {
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 let there = self.durable.read_record(step)?;
                 if there.fingerprint() == checkpoint.record().fingerprint() {

@@ -2,10 +2,13 @@
 //! length and CRC32C taken as the bytes stream through: how a save learns what its commit
 //! record (or rank manifest) must say without reading anything back.
 
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use weightbay::checksum::crc32c_append;
 use weightbay::{Capabilities, CreateOptions, Result, Sink, Source, Storage};
+
+use crate::following::{Announced, Followed, Progress};
 
 /// A storage in front of another that records every container committed through it, with
 /// its length and the CRC32C of its bytes, taken as they stream through.
@@ -13,6 +16,9 @@ use weightbay::{Capabilities, CreateOptions, Result, Sink, Source, Storage};
 pub(crate) struct Recording {
     inner: Arc<dyn Storage>,
     written: Arc<Mutex<Vec<(String, u64, u32)>>>,
+    /// Where each container whose sink reads back is announced as it is created, for a copy
+    /// that follows the save ([`following`](crate::following)).
+    follower: Option<Sender<Followed>>,
 }
 
 impl Recording {
@@ -20,7 +26,15 @@ impl Recording {
         Self {
             inner,
             written: Arc::default(),
+            follower: None,
         }
+    }
+
+    /// Announces every container created through it to `follower`, with a reader of its bytes
+    /// and their progress, when its sink can read them back.
+    pub(crate) fn followed_by(mut self, follower: Option<Sender<Followed>>) -> Self {
+        self.follower = follower;
+        self
     }
 
     /// What was committed through it so far: key, length, CRC32C.
@@ -46,12 +60,25 @@ impl Storage for Recording {
     }
 
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
+        let inner = self.inner.create(key, options)?;
+        let announced = self.follower.as_ref().and_then(|follower| {
+            let progress = Arc::new(Progress::default());
+            let followed = Followed {
+                key: key.to_owned(),
+                reader: inner.read_back()?,
+                progress: Arc::clone(&progress),
+            };
+            // A follower gone (its promotion failed) no longer needs to hear of it.
+            follower.send(followed).ok()?;
+            Some(Announced::new(progress))
+        });
         Ok(Box::new(RecordingSink {
-            inner: self.inner.create(key, options)?,
+            inner,
             key: key.to_owned(),
             len: 0,
             crc: 0,
             written: Arc::clone(&self.written),
+            announced,
         }))
     }
 
@@ -70,6 +97,8 @@ pub(crate) struct RecordingSink {
     len: u64,
     crc: u32,
     written: Arc<Mutex<Vec<(String, u64, u32)>>>,
+    /// The progress a follower reads back behind, if one was told of this container.
+    announced: Option<Announced>,
 }
 
 impl Sink for RecordingSink {
@@ -77,6 +106,9 @@ impl Sink for RecordingSink {
         self.inner.write(data)?;
         self.crc = crc32c_append(self.crc, data);
         self.len += data.len() as u64;
+        if let Some(announced) = &self.announced {
+            announced.wrote(self.len);
+        }
         Ok(())
     }
 
@@ -87,8 +119,12 @@ impl Sink for RecordingSink {
             len,
             crc,
             written,
+            announced,
         } = *self;
         inner.commit()?;
+        if let Some(announced) = announced {
+            announced.committed();
+        }
         written
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use weightbay::backend_kit::unique_token;
@@ -11,6 +12,7 @@ use weightbay::{
 };
 
 use crate::checkpoints::Checkpoints;
+use crate::following::Followed;
 use crate::incremental::{Base, DeltaSink, Incremental, combined_crc, plan};
 use crate::layout;
 use crate::record::{
@@ -172,17 +174,20 @@ impl Checkpoints {
     ) -> Result<CommitRecord> {
         let save_dir = format!("{}/{}", self.step_dir(step), unique_token());
         self.saves.begin((step, save_dir.clone()))?;
-        let result = self.write_and_commit(step, &save_dir, writer, options);
+        let result = self.write_and_commit(step, &save_dir, writer, options, None);
         self.saves.end();
         result
     }
 
+    /// Writes the containers of a save and its commit record. An incremental save is never
+    /// followed: what it writes is not the container the record names.
     pub(crate) fn write_and_commit(
         &self,
         step: u64,
         save_dir: &str,
         writer: Writer,
         options: SaveOptions,
+        follower: Option<Sender<Followed>>,
     ) -> Result<CommitRecord> {
         let record_key = layout::record_key(&self.step_dir(step));
         match self.storage.open(&record_key) {
@@ -196,7 +201,8 @@ impl Checkpoints {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let recording = Recording::new(Arc::clone(&self.storage));
+        let follower = follower.filter(|_| options.incremental.is_none());
+        let recording = Recording::new(Arc::clone(&self.storage)).followed_by(follower);
         let format = writer.format();
         let durability = writer.durability();
         let deadline = options.timeout.map(|timeout| Instant::now() + timeout);

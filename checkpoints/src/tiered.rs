@@ -61,6 +61,11 @@ impl TieredStatus {
 ///   with their CRC32C checked on the way and writes the commit record last
 ///   ([`Checkpoints::copy_from`]), so the durable tier commits a step whole or not at all, with
 ///   the fast tier's bytes.
+/// - A background save that finds no promotion waiting or running is followed instead: while
+///   it writes, what it has written is read back ([`Sink::read_back`](weightbay::Sink::read_back))
+///   and streamed to the durable tier, so the step is durable about when the slower of the two
+///   would be alone, not after both in turn. The save never waits for it; the containers are
+///   checked against the fast tier's record and the durable record is written last, as above.
 /// - When promotion is slower than saving, newer saves take the place of older waiting
 ///   promotions by the [`Promotion`] policy, which also bounds how long a save may be held;
 ///   [`list`](Self::list) shows what was skipped.
@@ -155,13 +160,15 @@ impl Tiered {
         options: SaveOptions,
     ) -> Result<CommitRecord> {
         let record = self.tiers.fast.save_with(step, writer, options)?;
-        self.saved(step)?;
+        self.saved(step, false)?;
         Ok(record)
     }
 
     /// Starts saving on the fast tier as [`Checkpoints::save_in_background`] does (waiting
-    /// first for the fast tier's save in flight, if any), and queues the promotion, which
-    /// starts once the save has committed. The handle reports the fast tier's save.
+    /// first for the fast tier's save in flight, if any). With no promotion waiting or running,
+    /// the promotion starts at once and follows the save, streaming what it has written (where
+    /// the fast tier's sinks read back, as local files and memory do); otherwise it is queued
+    /// and starts once the save has committed. The handle reports the fast tier's save.
     ///
     /// # Errors
     /// As [`Checkpoints::save_in_background`]; [`ErrorKind::Io`](weightbay::ErrorKind::Io) when the promotion thread
@@ -172,15 +179,23 @@ impl Tiered {
         writer: Writer,
         options: SaveOptions,
     ) -> Result<SaveHandle> {
-        let handle = self.tiers.fast.save_in_background(step, writer, options)?;
-        self.saved(step)?;
+        let follower = self.tiers.follow_save(step, &self.promotion);
+        let followed = follower.is_some();
+        let handle = self
+            .tiers
+            .fast
+            .save_in_background_followed(step, writer, options, follower)?;
+        self.saved(step, followed)?;
         Ok(handle)
     }
 
     /// Trusts `step`, which this value saves on the fast tier (it is complete there only once
-    /// the save commits), and queues its promotion.
-    fn saved(&self, step: u64) -> Result<()> {
+    /// the save commits), and queues its promotion unless it follows the save already.
+    fn saved(&self, step: u64, followed: bool) -> Result<()> {
         self.tiers.promoter.lock().trust(step);
+        if followed {
+            return Ok(());
+        }
         self.tiers.queue(Job { step, rank: None }, &self.promotion)
     }
 

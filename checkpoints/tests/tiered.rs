@@ -4,15 +4,17 @@
 //! durable one, and a durable tier that fails never holds the loop or a half checkpoint. The
 //! conformance suite runs promotions failing at every operation of each backend.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use weightbay::{
-    Capabilities, CreateOptions, ErrorKind, Listed, MemoryStorage, PendingWrite, Sink, Source,
-    Storage, Tensor, WriteMode, Writer,
+    Bytes, Capabilities, CreateOptions, DType, ErrorKind, Listed, MemoryStorage, PendingWrite,
+    Sink, Source, Storage, Tensor, WriteMode, Writer,
 };
 use weightbay_checkpoints::{
     Checkpoints, PerTier, Promotion, PromotionState, RankOutcome, RankSave, Region, Retention,
-    StepState, Tiered,
+    SaveOptions, StepState, Tiered,
 };
 
 /// Step `step`'s weights.
@@ -35,14 +37,51 @@ struct GateState {
 }
 
 /// A durable tier whose `create` waits while its gate is closed and fails while it is down:
-/// a promotion held in flight, or a remote outage.
+/// a promotion held in flight, or a remote outage. It counts the bytes its sinks receive.
 #[derive(Debug, Clone, Default)]
 struct Remote {
     inner: Arc<MemoryStorage>,
     gate: Arc<(Mutex<GateState>, Condvar)>,
+    received: Arc<AtomicU64>,
+}
+
+/// A sink of a [`Remote`], counting what it receives.
+struct Counted {
+    inner: Box<dyn Sink>,
+    received: Arc<AtomicU64>,
+}
+
+impl Sink for Counted {
+    fn write(&mut self, data: &[u8]) -> weightbay::Result<()> {
+        self.inner.write(data)?;
+        self.received.fetch_add(data.len() as u64, Ordering::SeqCst);
+        Ok(())
+    }
+    fn commit(self: Box<Self>) -> weightbay::Result<()> {
+        self.inner.commit()
+    }
 }
 
 impl Remote {
+    /// Waits up to `patience` until its sinks have received `len` bytes.
+    fn wait_to_receive(&self, len: u64, patience: Duration) -> weightbay::Result<()> {
+        let until = Instant::now() + patience;
+        while self.received.load(Ordering::SeqCst) < len {
+            if Instant::now() > until {
+                return Err(weightbay::Error::new(
+                    ErrorKind::TimedOut,
+                    format!(
+                        "the durable tier received {} of {len} bytes while the save was being \
+                         written",
+                        self.received.load(Ordering::SeqCst)
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
     fn set(&self, change: impl FnOnce(&mut GateState)) {
         let (state, changed) = &*self.gate;
         change(&mut state.lock().unwrap());
@@ -76,7 +115,10 @@ impl Storage for Remote {
             ));
         }
         drop(gate);
-        self.inner.create(key, options)
+        Ok(Box::new(Counted {
+            inner: self.inner.create(key, options)?,
+            received: Arc::clone(&self.received),
+        }))
     }
     fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
         self.inner.open(key)
@@ -159,6 +201,83 @@ fn saves_are_promoted_with_the_fast_tiers_bytes_and_record() {
             .iter()
             .all(|s| s.is_durable() && s.promotion == Some(PromotionState::Promoted))
     );
+}
+
+/// Weights whose second tensor the writer reaches only once `first_len` bytes of the first
+/// are written: its provider runs `then` and gives 16 bytes if it succeeds.
+fn held_weights(
+    first_len: usize,
+    then: impl Fn() -> weightbay::Result<()> + Send + Sync + 'static,
+) -> Vec<Tensor> {
+    let first = Tensor::from_slice(
+        "first",
+        [first_len as u64 / 4],
+        &vec![1.5f32; first_len / 4],
+    );
+    let second = Tensor::deferred("second", DType::F32, [4], 16, move || {
+        then().map(|()| Bytes::from(vec![7u8; 16]))
+    });
+    vec![first, second]
+}
+
+#[test]
+fn a_promotion_streams_a_background_save_while_it_is_written() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::newest_only());
+    // The writer hands the 8 MiB tensor to the sink before it asks for the second, which
+    // waits for the durable tier to have received it: only a promotion that reads the save
+    // back as it is written lets the save finish.
+    let watched = remote.clone();
+    let weights = held_weights(8 << 20, move || {
+        watched.wait_to_receive(8 << 20, Duration::from_secs(30))
+    });
+    let saving = tiered.save_in_background(1, Writer::new(weights), SaveOptions::default());
+    saving.unwrap().wait().unwrap();
+    tiered.flush().unwrap();
+    assert_eq!(promotions(&tiered), [(1, Some(PromotionState::Promoted))]);
+    let (fast, durable) = (
+        tiered.fast().open(1).unwrap(),
+        tiered.durable().open(1).unwrap(),
+    );
+    durable.verify().unwrap();
+    let (fast, durable) = (fast.reader().unwrap(), durable.reader().unwrap());
+    for name in ["first", "second"] {
+        assert_eq!(
+            durable.read(name).unwrap(),
+            fast.read(name).unwrap(),
+            "{name}"
+        );
+    }
+    assert!(remote.inner.pending("run").unwrap().is_empty());
+}
+
+#[test]
+fn a_followed_background_save_that_fails_leaves_nothing_on_either_tier() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::newest_only());
+    // The save fails once its promotion has streamed the first tensor.
+    let watched = remote.clone();
+    let weights = held_weights(1 << 20, move || {
+        watched.wait_to_receive(1 << 20, Duration::from_secs(30))?;
+        Err(weightbay::Error::new(
+            ErrorKind::Io,
+            "device readback failed",
+        ))
+    });
+    let saving = tiered.save_in_background(1, Writer::new(weights), SaveOptions::default());
+    let error = saving.unwrap().wait().unwrap_err();
+    assert!(
+        error.to_string().contains("device readback failed"),
+        "{error}"
+    );
+    // The save reported its own failure; the promotion it took with it has nothing to add.
+    tiered.flush().unwrap();
+    assert!(remote.inner.keys().is_empty(), "{:?}", remote.inner.keys());
+    assert!(remote.inner.pending("run").unwrap().is_empty());
+    assert!(tiered.fast().steps().unwrap().is_empty());
+    tiered.save(2, Writer::new(model(2))).unwrap();
+    tiered.flush().unwrap();
+    assert_eq!(tiered.durable().steps().unwrap(), [2]);
 }
 
 #[test]

@@ -11,8 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use weightbay::backend_kit::{FileHandle, FileSystem};
 use weightbay::{
-    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, Result, Sink,
-    Source, Storage,
+    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, ReadBack, Result,
+    Sink, Source, Storage,
 };
 
 /// Counts operations and fails the one numbered `fail_at` (1-based) with
@@ -283,6 +283,28 @@ impl Sink for FaultySink {
     fn commit(self: Box<Self>) -> Result<()> {
         let plan = self.plan.clone();
         plan.storage_op("commit", || self.inner.commit())
+    }
+
+    fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
+        let inner = self.inner.read_back()?;
+        Some(Arc::new(FaultyReadBack {
+            inner,
+            plan: self.plan.clone(),
+        }))
+    }
+}
+
+/// A sink's read-back whose reads follow the sink's [`FaultPlan`].
+#[derive(Debug)]
+struct FaultyReadBack {
+    inner: Arc<dyn ReadBack>,
+    plan: FaultPlan,
+}
+
+impl ReadBack for FaultyReadBack {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.plan
+            .storage_op("read_back", || self.inner.read_at(offset, buf))
     }
 }
 

@@ -285,3 +285,13 @@ fn ignoring_deadlines_fails_the_deadline_case() {
         "{message}"
     );
 }
+
+#[test]
+fn a_read_back_that_loses_committed_bytes_fails_the_read_back_case() {
+    let message = failure_of(
+        &broken(Defect::ReadBackLosesCommitted),
+        Case::ReadBackFollowsWrites,
+        "read_back_follows_writes",
+    );
+    assert!(message.contains("after the commit"), "{message}");
+}

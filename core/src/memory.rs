@@ -13,7 +13,7 @@ use crate::keys::{is_under, validate_key, validate_prefix};
 use crate::options::{CreateOptions, WriteMode, check_deadline};
 use crate::ranges::check_range;
 use crate::reads::fetch_views;
-use crate::storage::{Listed, PendingWrite, Sink, Source, Storage};
+use crate::storage::{Listed, PendingWrite, ReadBack, Sink, Source, Storage};
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
 #[derive(Debug, Default)]
@@ -81,7 +81,7 @@ impl Storage for MemoryStorage {
             key: key.to_owned(),
             create_new: options.mode == WriteMode::CreateNew,
             deadline: options.deadline,
-            buffer: Vec::with_capacity(capacity),
+            written: Arc::new(Mutex::new(Written::Writing(Vec::with_capacity(capacity)))),
         }))
     }
 
@@ -140,19 +140,48 @@ struct MemorySink {
     key: String,
     create_new: bool,
     deadline: Option<Instant>,
-    buffer: Vec<u8>,
+    /// Shared with the sink's [`ReadBack`]s, which keep reading it after the commit.
+    written: Arc<Mutex<Written>>,
+}
+
+/// A memory sink's bytes: being written, then the container its commit published.
+#[derive(Debug)]
+enum Written {
+    Writing(Vec<u8>),
+    Published(bytes::Bytes),
+}
+
+impl Written {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Writing(buffer) => buffer,
+            Self::Published(bytes) => bytes,
+        }
+    }
+}
+
+fn lock_written(written: &Mutex<Written>) -> MutexGuard<'_, Written> {
+    // Every update is one append or one swap: a panic cannot leave it half done.
+    written
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Sink for MemorySink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
         check_deadline(self.deadline, "writing").map_err(|e| e.with_key(&self.key))?;
-        self.buffer.extend_from_slice(data);
+        match &mut *lock_written(&self.written) {
+            Written::Writing(buffer) => buffer.extend_from_slice(data),
+            Written::Published(_) => {
+                return Err(Error::new(ErrorKind::Io, "sink already committed"));
+            }
+        }
         Ok(())
     }
 
-    fn commit(mut self: Box<Self>) -> Result<()> {
+    fn commit(self: Box<Self>) -> Result<()> {
         check_deadline(self.deadline, "committing").map_err(|e| e.with_key(&self.key))?;
-        let data = bytes::Bytes::from(std::mem::take(&mut self.buffer));
+        let mut written = lock_written(&self.written);
         let mut state = self.storage.lock();
         if self.create_new && state.objects.contains_key(&self.key) {
             return Err(
@@ -160,7 +189,32 @@ impl Sink for MemorySink {
                     .with_key(&self.key),
             );
         }
+        let data = match &mut *written {
+            Written::Writing(buffer) => bytes::Bytes::from(std::mem::take(buffer)),
+            Written::Published(bytes) => bytes.clone(),
+        };
+        *written = Written::Published(data.clone());
         state.objects.insert(self.key.clone(), data);
+        Ok(())
+    }
+
+    fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
+        Some(Arc::new(MemoryReadBack(Arc::clone(&self.written))))
+    }
+}
+
+/// Reads a memory sink's bytes as they are written, and its container once published.
+#[derive(Debug)]
+struct MemoryReadBack(Arc<Mutex<Written>>);
+
+impl ReadBack for MemoryReadBack {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let written = lock_written(&self.0);
+        let bytes = written.bytes();
+        let range = offset..offset.saturating_add(buf.len() as u64);
+        check_range(&range, bytes.len() as u64)?;
+        // In range of a slice in memory, so both ends fit in usize.
+        buf.copy_from_slice(&bytes[range.start as usize..range.end as usize]);
         Ok(())
     }
 }

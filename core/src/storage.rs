@@ -141,6 +141,33 @@ pub trait Sink: Send {
     /// [`ErrorKind::AlreadyExists`] when the sink was opened create-new and the key was taken
     /// meanwhile; the backend's error otherwise. The key is then as it was.
     fn commit(self: Box<Self>) -> Result<()>;
+
+    /// A reader of the bytes written so far, for a sink whose bytes can be read before they
+    /// are published (a scratch file, a buffer in memory): how a copy of a container to a
+    /// slower storage starts while the container is still being written, instead of after its
+    /// commit. `None`, the default, where they cannot (an upload in flight).
+    fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
+        None
+    }
+}
+
+/// The bytes a [`Sink`] has written, read while it goes on writing ([`Sink::read_back`]).
+///
+/// # Contract
+/// - [`read_at`](Self::read_at) fills all of `buf` from `offset` with the bytes the sink's
+///   writes (and pads) put there, for every byte of a write that had returned `Ok` before the
+///   read began, from any thread.
+/// - Those bytes stay readable, unchanged, for as long as the reader lives: after the sink
+///   has written more, committed, failed or been dropped, and whatever is later committed at
+///   its key.
+/// - A range past what was written fails with [`ErrorKind::OutOfRange`] or returns unspecified
+///   bytes; it never panics.
+pub trait ReadBack: Send + Sync + fmt::Debug {
+    /// Reads `buf.len()` bytes written at `offset`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] past what was written; the backend's error.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
 }
 
 /// A storage backend: opens sinks and sources by key.

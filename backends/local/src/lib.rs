@@ -40,7 +40,7 @@ use weightbay::backend_kit::{
 };
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind, Listed,
-    PendingWrite, Result, Sink, Source, Storage, WriteMode,
+    PendingWrite, ReadBack, Result, Sink, Source, Storage, WriteMode,
 };
 
 /// The suffix of scratch files; the full name is `<name>.<pid>-<n>.tmp`.
@@ -495,6 +495,33 @@ impl Sink for AtomicSink {
             }
         }
         Ok(())
+    }
+
+    fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
+        // A handle that cannot be opened means no read-back: the copy then waits for the
+        // commit and reads the published file, as it would from any sink.
+        let file = self.fs.open(&self.scratch).ok()?;
+        Some(Arc::new(ScratchReadBack {
+            file,
+            path: self.scratch.clone(),
+        }))
+    }
+}
+
+/// Reads an atomic sink's scratch file through a handle of its own, which keeps reading the
+/// same file once it is renamed into place or removed.
+#[derive(Debug)]
+struct ScratchReadBack {
+    file: Box<dyn FileHandle>,
+    path: PathBuf,
+}
+
+impl ReadBack for ScratchReadBack {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        // Past what was written, the read ends early: OutOfRange, as `Error::io` maps it.
+        self.file
+            .read_at(offset, buf)
+            .map_err(|e| io_error("reading back", &self.path, e).with_offset(offset))
     }
 }
 

@@ -8,6 +8,7 @@ pub mod faults;
 pub mod incremental;
 pub mod memory;
 pub mod ranks;
+pub mod read_back;
 pub mod reads;
 pub mod tiered;
 pub mod writes;

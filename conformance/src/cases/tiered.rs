@@ -1,13 +1,13 @@
 //! Tiered checkpoints (`weightbay-checkpoints`) with the backend as the durable tier and an
-//! in-memory fast tier: promotions, run on demand and queued behind saves, failing at every
-//! operation of the backend in turn. Whatever fails, the durable tier never shows a complete
+//! in-memory fast tier: promotions, run on demand, queued behind saves and following
+//! background saves as they write, failing at every operation of the backend in turn. Whatever fails, the durable tier never shows a complete
 //! checkpoint whose bytes differ from the fast tier's, nor a damaged one.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use weightbay::{DType, MemoryStorage, Result, Storage, Tensor, Writer};
-use weightbay_checkpoints::{Checkpoints, Promotion, StepState, Tiered};
+use weightbay_checkpoints::{Checkpoints, Promotion, SaveOptions, StepState, Tiered};
 
 use crate::support::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
@@ -78,9 +78,10 @@ fn check_durable(fast: &Checkpoints, durable: &Checkpoints, case: &str, context:
 type Promote = dyn Fn(&Tiered, u64) -> Result<()>;
 
 /// Promotions failing at every operation of the durable tier in turn, on demand
-/// ([`Tiered::promote`]) and queued behind a save ([`Tiered::save`], then
-/// [`Tiered::flush`]): the durable tier shows each step complete with the fast tier's bytes,
-/// or not at all; then an unfailing promotion lands.
+/// ([`Tiered::promote`]), queued behind a save ([`Tiered::save`], then [`Tiered::flush`]) and
+/// following a background save as it writes ([`Tiered::save_in_background`]): the durable
+/// tier shows each step complete with the fast tier's bytes, or not at all; then an unfailing
+/// promotion lands.
 pub fn tiered_promotions_survive_durable_faults<H: Harness>(harness: &H, case: &str) -> Outcome {
     let storage = harness.fresh();
     if !storage.capabilities().listing {
@@ -89,13 +90,20 @@ pub fn tiered_promotions_survive_durable_faults<H: Harness>(harness: &H, case: &
     let fast = Checkpoints::new(MemoryStorage::new(), PREFIX);
     let durable = Checkpoints::over(Arc::new(harness.reopen(&storage)), PREFIX);
     let mut step = 0;
-    let ways: [(&str, &Promote); 2] = [
+    let ways: [(&str, &Promote); 3] = [
         ("promoting on demand", &|tiered, step| {
             tiered.fast().save(step, Writer::new(model(step)))?;
             tiered.promote(step).map(drop)
         }),
         ("promoting behind a save", &|tiered, step| {
             tiered.save(step, Writer::new(model(step)))?;
+            tiered.flush()
+        }),
+        ("promoting as a background save writes", &|tiered, step| {
+            let writer = Writer::new(model(step));
+            tiered
+                .save_in_background(step, writer, SaveOptions::default())?
+                .wait()?;
             tiered.flush()
         }),
     ];

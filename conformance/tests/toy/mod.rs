@@ -9,8 +9,8 @@ use weightbay::backend_kit::{
     check_deadline, check_range, is_under, validate_key, validate_prefix,
 };
 use weightbay::{
-    Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, Result, Sink, Source,
-    Storage, WriteMode,
+    Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, ReadBack, Result, Sink,
+    Source, Storage, WriteMode,
 };
 use weightbay_conformance::{Case, Harness};
 
@@ -55,6 +55,9 @@ pub(crate) enum Defect {
     /// A sink commits whenever it is asked, its deadline long passed, as a backend that
     /// ignores `CreateOptions::deadline` does.
     IgnoresDeadlines,
+    /// A sink's read-back reads the buffer its commit hands over to the map, so once the sink
+    /// commits it reads back nothing.
+    ReadBackLosesCommitted,
 }
 
 #[derive(Debug, Default)]
@@ -111,7 +114,7 @@ impl Storage for HashMapStorage {
             deadline: options
                 .deadline
                 .filter(|_| self.defect != Some(Defect::IgnoresDeadlines)),
-            buffer: Vec::new(),
+            buffer: Arc::default(),
             writes: 0,
         }))
     }
@@ -208,7 +211,8 @@ struct HashMapSink {
     key: String,
     create_new: bool,
     deadline: Option<std::time::Instant>,
-    buffer: Vec<u8>,
+    /// Shared with the sink's read-backs.
+    buffer: Arc<Mutex<Vec<u8>>>,
     writes: u64,
 }
 
@@ -219,9 +223,10 @@ impl Sink for HashMapSink {
         {
             return Ok(());
         }
-        self.buffer.extend_from_slice(data);
+        let mut buffer = lock(&self.buffer);
+        buffer.extend_from_slice(data);
         if self.storage.defect == Some(Defect::PublishesPartialWrites) {
-            self.storage.publish(&self.key, &self.buffer);
+            self.storage.publish(&self.key, &buffer);
         }
         Ok(())
     }
@@ -247,12 +252,42 @@ impl Sink for HashMapSink {
             std::thread::yield_now();
             objects = self.storage.lock();
         }
-        let bytes: Arc<[u8]> = self.buffer.into();
+        let bytes: Arc<[u8]> = if self.storage.defect == Some(Defect::ReadBackLosesCommitted) {
+            std::mem::take(&mut *lock(&self.buffer)).into()
+        } else {
+            lock(&self.buffer).as_slice().into()
+        };
         objects
             .first
             .entry(self.key.clone())
             .or_insert_with(|| Arc::clone(&bytes));
         objects.current.insert(self.key, bytes);
+        Ok(())
+    }
+
+    fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
+        Some(Arc::new(HashMapReadBack(Arc::clone(&self.buffer))))
+    }
+}
+
+fn lock(buffer: &Mutex<Vec<u8>>) -> MutexGuard<'_, Vec<u8>> {
+    buffer
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Reads a sink's buffer.
+#[derive(Debug)]
+struct HashMapReadBack(Arc<Mutex<Vec<u8>>>);
+
+impl ReadBack for HashMapReadBack {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let buffer = lock(&self.0);
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let bytes = buffer
+            .get(start..start.saturating_add(buf.len()))
+            .ok_or_else(|| Error::new(ErrorKind::OutOfRange, "past what was written"))?;
+        buf.copy_from_slice(bytes);
         Ok(())
     }
 }
