@@ -62,7 +62,7 @@ impl Checkpoints {
         }
         // Into a save directory of this copy's own, like any save, so a racing copy or save
         // of the step never writes over these containers.
-        let moved = |key: &str| moved_into(save, key);
+        let moved = |key: &str| layout::moved_into(save, key);
         if let Some(pieces) = &checkpoint.record.pieces {
             return self.copy_materialized(checkpoint, pieces, dir, save, durability);
         }
@@ -275,15 +275,6 @@ impl Checkpoints {
         for container in containers {
             let _ = self.storage.delete(&format!("{dir}/{}", container.key));
         }
-    }
-}
-
-/// The key `key` (relative to its step directory, in save directory `<token>/`, or at the top)
-/// takes in save directory `save` of a copy.
-pub(crate) fn moved_into(save: &str, key: &str) -> String {
-    match key.split_once('/') {
-        Some((_, rest)) => format!("{save}/{rest}"),
-        None => format!("{save}/{key}"),
     }
 }
 

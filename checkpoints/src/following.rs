@@ -1,25 +1,17 @@
-//! A promotion that follows its save: while a [`Tiered`](crate::Tiered) save writes a container
-//! on the fast tier, the bytes written so far are read back ([`Sink::read_back`]) and streamed
-//! into the durable tier's sink, so the promotion ends about when the slower of the two would
-//! alone instead of after both in turn. Nothing waits on the follower: the save only notes how
-//! far it got. What could not be streamed (a sink that cannot read back, a follower that fell
-//! behind the save's end) is copied from the committed checkpoint as a queued promotion copies
-//! it, and every container's CRC32C is checked against the fast tier's commit record before
-//! its durable sink commits; the durable record is written last.
+//! What a save and the promotion that follows it share: while a [`Tiered`](crate::Tiered)
+//! background save writes a container on the fast tier, the bytes written so far are read back
+//! ([`Sink::read_back`]) and streamed into the durable tier's sink, so the promotion ends about
+//! when the slower of the two would alone instead of after both in turn. Nothing waits on the
+//! follower: the save only notes how far it got ([`Announced`]). What could not be streamed (a
+//! sink that cannot read back) is copied from the committed checkpoint as a queued promotion
+//! copies it, and every container's CRC32C is checked against the fast tier's commit record
+//! before its durable sink commits; the durable record is written last. The follower itself
+//! is `Tiers::follow`, beside the other promotions.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use weightbay::backend_kit::unique_token;
-use weightbay::checksum::crc32c_append;
-use weightbay::{CreateOptions, Durability, ErrorKind, ReadBack, Result, Sink, WriteMode};
-
-use crate::copy::moved_into;
-use crate::promotion::Tiers;
-
-/// How much of a followed container is read back and sent at a time.
-const WINDOW: u64 = 8 << 20;
+use weightbay::{ReadBack, Sink};
 
 /// How far the save has written one container, and how its writing ended.
 #[derive(Debug, Default)]
@@ -47,7 +39,7 @@ impl Progress {
 
     /// Waits until more than `sent` bytes are written or the writing has ended; returns how
     /// many are written and how it ended, if it has.
-    fn wait_past(&self, sent: u64) -> (u64, Option<bool>) {
+    pub(crate) fn wait_past(&self, sent: u64) -> (u64, Option<bool>) {
         let mut written = self.lock();
         while written.len <= sent && written.end.is_none() {
             written = self
@@ -107,104 +99,3 @@ pub(crate) struct Head {
 
 /// The containers streamed, by the key the fast tier's commit record names them with.
 pub(crate) type Heads = BTreeMap<String, Head>;
-
-impl Tiers {
-    /// Promotes `step` following the fast tier's save of it: streams each container the save
-    /// announces on `announced` (the channel closes when the save ends), then copies the
-    /// committed step with what was streamed. Returns how it ended and whether it failed
-    /// because the save did not commit.
-    pub(crate) fn follow(&self, step: u64, announced: Receiver<Followed>) -> (Result<()>, bool) {
-        let dir = self.durable.step_dir(step);
-        if let Err(e) = self.durable.saves.begin((step, dir.clone())) {
-            return (Err(e), false);
-        }
-        let save = unique_token();
-        let streamed = self.stream(step, &dir, &save, announced);
-        // The channel closed when the save's last write was done; a background save ends
-        // after that.
-        self.fast.saves.wait_while_saving(step);
-        let opened = self.fast.open(step);
-        let unsaved = opened
-            .as_ref()
-            .is_err_and(|e| e.kind() == ErrorKind::NotFound);
-        let promoted = streamed.and_then(|heads| {
-            let checkpoint = opened?;
-            self.copy(&checkpoint, Some((&save, heads))).map(drop)
-        });
-        self.durable.saves.end();
-        (promoted, unsaved)
-    }
-
-    /// Streams every container announced to directory `save` of `dir` on the durable tier,
-    /// until the save ends. The first failure stops the streaming (what it streamed is
-    /// dropped, its sinks aborted), but not the save, which it waits for all the same.
-    fn stream(
-        &self,
-        step: u64,
-        dir: &str,
-        save: &str,
-        announced: Receiver<Followed>,
-    ) -> Result<Heads> {
-        let fast_dir = format!("{}/", self.fast.step_dir(step));
-        let mut heads = Heads::new();
-        let mut failure = None;
-        let mut window = Vec::new();
-        for followed in announced {
-            let Some(relative) = followed.key.strip_prefix(&fast_dir) else {
-                continue;
-            };
-            if failure.is_some() {
-                continue;
-            }
-            let key = format!("{dir}/{}", moved_into(save, relative));
-            match self.stream_one(&followed, &key, &mut window) {
-                Ok(Some(head)) => {
-                    heads.insert(relative.to_owned(), head);
-                }
-                Ok(None) => {}
-                Err(e) => failure = Some(e),
-            }
-        }
-        failure.map_or(Ok(heads), Err)
-    }
-
-    /// Streams one container to `key` on the durable tier as the save writes it: its head,
-    /// or `None` when the save abandoned it.
-    fn stream_one(
-        &self,
-        followed: &Followed,
-        key: &str,
-        window: &mut Vec<u8>,
-    ) -> Result<Option<Head>> {
-        let options = CreateOptions::default()
-            .with_mode(WriteMode::Overwrite)
-            .with_durability(Durability::Default);
-        let mut sink = self
-            .durable
-            .storage
-            .create(key, &options)
-            .map_err(|e| e.with_operation("create").with_key(key))?;
-        let (mut len, mut crc) = (0, 0);
-        loop {
-            let (written, end) = followed.progress.wait_past(len);
-            while len < written {
-                // At most WINDOW, so it fits in usize.
-                let n = (written - len).min(WINDOW) as usize;
-                window.resize(n, 0);
-                followed
-                    .reader
-                    .read_at(len, window)
-                    .map_err(|e| e.context(format!("reading back {}", followed.key)))?;
-                sink.write(window)
-                    .map_err(|e| e.with_operation("write").with_key(key))?;
-                crc = crc32c_append(crc, window);
-                len += n as u64;
-            }
-            match end {
-                Some(true) => return Ok(Some(Head { sink, len, crc })),
-                Some(false) => return Ok(None),
-                None => {}
-            }
-        }
-    }
-}

@@ -69,6 +69,15 @@ pub(crate) fn parse_announcement_key(prefix: &str, key: &str) -> Option<(u64, St
     (announcement_key(prefix, step, token) == key).then(|| (step, token.to_owned()))
 }
 
+/// The key `key` (relative to its step directory, in save directory `<token>/`, or at the top)
+/// takes in save directory `save` of a copy.
+pub(crate) fn moved_into(save: &str, key: &str) -> String {
+    match key.split_once('/') {
+        Some((_, rest)) => format!("{save}/{rest}"),
+        None => format!("{save}/{key}"),
+    }
+}
+
 /// The key of the commit record in step directory `dir`.
 pub(crate) fn record_key(dir: &str) -> String {
     format!("{dir}/{COMMIT_RECORD}")

@@ -2,19 +2,26 @@
 //! to its durable tier on a thread of their own, in order, the newest taking the place of older
 //! ones that wait when promotion falls behind. The queue holds step numbers only (the bytes
 //! wait on the fast tier), so a save is never held back by promotion longer than its policy's
-//! bound.
+//! bound. A background save that finds nothing waiting or being copied is followed instead,
+//! streamed to the durable tier as it writes ([`following`](crate::following)).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use weightbay::{Background, Durability, Error, ErrorKind, Result};
+use weightbay::backend_kit::unique_token;
+use weightbay::checksum::crc32c_append;
+use weightbay::{Background, CreateOptions, Durability, Error, ErrorKind, Result, WriteMode};
 
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
-use crate::following::{Followed, Heads};
+use crate::following::{Followed, Head, Heads};
+use crate::layout;
 use crate::record::CommitRecord;
+
+/// How much of a followed container is read back and sent at a time.
+const FOLLOW_WINDOW: u64 = 8 << 20;
 
 /// The promotion outcomes a value remembers: older ones are forgotten (a step forgotten shows
 /// no promotion state in [`Tiered::list`](crate::Tiered::list)).
@@ -459,6 +466,108 @@ impl Tiers {
                 }
             }
             copied => copied,
+        }
+    }
+}
+
+/// A promotion that follows its save ([`following`](crate::following)).
+impl Tiers {
+    /// Promotes `step` following the fast tier's save of it: streams each container the save
+    /// announces on `announced` (the channel closes when the save ends), then copies the
+    /// committed step with what was streamed. Returns how it ended and whether it failed
+    /// because the save did not commit.
+    pub(crate) fn follow(&self, step: u64, announced: Receiver<Followed>) -> (Result<()>, bool) {
+        let dir = self.durable.step_dir(step);
+        if let Err(e) = self.durable.saves.begin((step, dir.clone())) {
+            return (Err(e), false);
+        }
+        let save = unique_token();
+        let streamed = self.stream(step, &dir, &save, announced);
+        // The channel closed when the save's last write was done; a background save ends
+        // after that.
+        self.fast.saves.wait_while_saving(step);
+        let opened = self.fast.open(step);
+        let unsaved = opened
+            .as_ref()
+            .is_err_and(|e| e.kind() == ErrorKind::NotFound);
+        let promoted = streamed.and_then(|heads| {
+            let checkpoint = opened?;
+            self.copy(&checkpoint, Some((&save, heads))).map(drop)
+        });
+        self.durable.saves.end();
+        (promoted, unsaved)
+    }
+
+    /// Streams every container announced to directory `save` of `dir` on the durable tier,
+    /// until the save ends. The first failure stops the streaming (what it streamed is
+    /// dropped, its sinks aborted), but not the save, which it waits for all the same.
+    fn stream(
+        &self,
+        step: u64,
+        dir: &str,
+        save: &str,
+        announced: Receiver<Followed>,
+    ) -> Result<Heads> {
+        let fast_dir = format!("{}/", self.fast.step_dir(step));
+        let mut heads = Heads::new();
+        let mut failure = None;
+        let mut window = Vec::new();
+        for followed in announced {
+            let Some(relative) = followed.key.strip_prefix(&fast_dir) else {
+                continue;
+            };
+            if failure.is_some() {
+                continue;
+            }
+            let key = format!("{dir}/{}", layout::moved_into(save, relative));
+            match self.stream_one(&followed, &key, &mut window) {
+                Ok(Some(head)) => {
+                    heads.insert(relative.to_owned(), head);
+                }
+                Ok(None) => {}
+                Err(e) => failure = Some(e),
+            }
+        }
+        failure.map_or(Ok(heads), Err)
+    }
+
+    /// Streams one container to `key` on the durable tier as the save writes it: its head,
+    /// or `None` when the save abandoned it.
+    fn stream_one(
+        &self,
+        followed: &Followed,
+        key: &str,
+        window: &mut Vec<u8>,
+    ) -> Result<Option<Head>> {
+        let options = CreateOptions::default()
+            .with_mode(WriteMode::Overwrite)
+            .with_durability(Durability::Default);
+        let mut sink = self
+            .durable
+            .storage
+            .create(key, &options)
+            .map_err(|e| e.with_operation("create").with_key(key))?;
+        let (mut len, mut crc) = (0, 0);
+        loop {
+            let (written, end) = followed.progress.wait_past(len);
+            while len < written {
+                // At most FOLLOW_WINDOW, so it fits in usize.
+                let n = (written - len).min(FOLLOW_WINDOW) as usize;
+                window.resize(n, 0);
+                followed
+                    .reader
+                    .read_at(len, window)
+                    .map_err(|e| e.context(format!("reading back {}", followed.key)))?;
+                sink.write(window)
+                    .map_err(|e| e.with_operation("write").with_key(key))?;
+                crc = crc32c_append(crc, window);
+                len += n as u64;
+            }
+            match end {
+                Some(true) => return Ok(Some(Head { sink, len, crc })),
+                Some(false) => return Ok(None),
+                None => {}
+            }
         }
     }
 }
