@@ -32,22 +32,29 @@ impl Checkpoints {
         writer: Writer,
         options: SaveOptions,
     ) -> Result<SaveHandle> {
-        self.save_in_background_followed(step, writer, options, None)
+        self.save_in_background_followed(step, writer, options, || None)
+            .map(|(handle, _)| handle)
     }
 
-    /// [`save_in_background`](Self::save_in_background), announcing each container to
-    /// `follower` as it is created (see [`Recording::followed_by`](crate::recording::Recording::followed_by)).
+    /// [`save_in_background`](Self::save_in_background), announcing each container to the
+    /// follower `follow` gives once the save has its turn (see
+    /// [`Recording::followed_by`](crate::recording::Recording::followed_by)). Also returns
+    /// whether it had one.
     pub(crate) fn save_in_background_followed(
         &self,
         step: u64,
         writer: Writer,
         options: SaveOptions,
-        follower: Option<Sender<Followed>>,
-    ) -> Result<SaveHandle> {
+        follow: impl FnOnce() -> Option<Sender<Followed>>,
+    ) -> Result<(SaveHandle, bool)> {
         let save_dir = format!("{}/{}", self.step_dir(step), unique_token());
-        self.saves.begin((step, save_dir.clone()))?;
+        let in_flight = self.saves.begin((step, save_dir.clone()))?;
+        let follower = follow();
+        let followed = follower.is_some();
         let outcome = Arc::new(Mutex::new(Outcome::Running));
         let (checkpoints, theirs) = (self.clone(), Arc::clone(&outcome));
+        // The guard travels with the work: the save ends when the work does, a panic included,
+        // or at once if the thread cannot start.
         let work = Background::spawn("weightbay-checkpoint", move || {
             let result = checkpoints.write_and_commit(step, &save_dir, writer, options, follower);
             let mut outcome = theirs.lock().unwrap_or_else(PoisonError::into_inner);
@@ -57,20 +64,15 @@ impl Checkpoints {
                 (_, result) => *outcome = Outcome::Done(Box::new(result)),
             }
             drop(outcome);
-            checkpoints.saves.end();
-        });
-        match work {
-            Ok(work) => Ok(SaveHandle {
-                step,
-                work: Some(work),
-                outcome,
-                saves: Arc::clone(&self.saves),
-            }),
-            Err(e) => {
-                self.saves.end();
-                Err(e)
-            }
-        }
+            drop(in_flight);
+        })?;
+        let handle = SaveHandle {
+            step,
+            work: Some(work),
+            outcome,
+            saves: Arc::clone(&self.saves),
+        };
+        Ok((handle, followed))
     }
 
     /// Waits for the save in flight, if any, and reports the failures of background saves

@@ -4,7 +4,8 @@
 use weightbay::backend_kit::{read_in_order, unique_token};
 use weightbay::checksum::crc32c_combine;
 use weightbay::{
-    CreateOptions, Durability, Error, ErrorKind, Result, Source, Storage, StorageExt, WriteMode,
+    CreateOptions, Durability, Error, ErrorKind, Result, Sink, Source, Storage, StorageExt,
+    WriteMode,
 };
 
 use crate::checkpoint::Checkpoint;
@@ -35,10 +36,8 @@ impl Checkpoints {
         durability: Durability,
     ) -> Result<CommitRecord> {
         let step = checkpoint.step();
-        self.saves.begin((step, self.step_dir(step)))?;
-        let result = self.copy_containers(checkpoint, &unique_token(), Heads::new(), durability);
-        self.saves.end();
-        result
+        let _in_flight = self.saves.begin((step, self.step_dir(step)))?;
+        self.copy_containers(checkpoint, &unique_token(), Heads::new(), durability)
     }
 
     /// Copies `checkpoint` into save directory `save` of its step here, going on from `heads`
@@ -278,6 +277,23 @@ impl Checkpoints {
     }
 }
 
+/// A sink at `key` of `storage` for a container of `len` bytes, when known (an object store
+/// sizes its parts by it, so that a large container stays within the store's part count).
+pub(crate) fn create_container(
+    storage: &dyn Storage,
+    key: &str,
+    len: Option<u64>,
+    durability: Durability,
+) -> Result<Box<dyn Sink>> {
+    let mut options = CreateOptions::default()
+        .with_mode(WriteMode::Overwrite)
+        .with_durability(durability);
+    options.expected_len = len;
+    storage
+        .create(key, &options)
+        .map_err(|e| e.with_operation("create").with_key(key))
+}
+
 /// A sink at `key` of `storage` for `container`'s bytes, nothing written yet.
 fn create_for(
     container: &ContainerRecord,
@@ -285,15 +301,8 @@ fn create_for(
     key: &str,
     durability: Durability,
 ) -> Result<Head> {
-    let options = CreateOptions::default()
-        .with_mode(WriteMode::Overwrite)
-        .with_durability(durability)
-        .with_expected_len(container.len);
-    let sink = storage
-        .create(key, &options)
-        .map_err(|e| e.with_operation("create").with_key(key))?;
     Ok(Head {
-        sink,
+        sink: create_container(storage, key, Some(container.len), durability)?,
         len: 0,
         crc: 0,
     })
@@ -323,8 +332,14 @@ fn finish_checked(
     container.check_len(source.len(), from)?;
     let Head { mut sink, len, crc } = head;
     if len > source.len() {
-        // More streamed than the container holds: not its bytes.
-        return container.check_len(len, from);
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "{len} bytes were streamed into the copy, more than the {} the commit record says",
+                container.len
+            ),
+        )
+        .with_key(key));
     }
     let rest = read_in_order(source, len..source.len(), |window| sink.write(window))
         .map_err(|e| e.with_key(key))?;

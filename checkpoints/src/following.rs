@@ -80,11 +80,13 @@ impl Drop for Announced {
     }
 }
 
-/// A container the save created, announced to the follower: its key on the fast tier, a reader
-/// of its bytes, and how far they are written.
+/// A container the save created, announced to the follower: its key on the fast tier, its
+/// length if known, a reader of its bytes, and how far they are written.
 #[derive(Debug)]
 pub(crate) struct Followed {
     pub(crate) key: String,
+    /// Its length, when the save said it up front.
+    pub(crate) expected_len: Option<u64>,
     pub(crate) reader: Arc<dyn ReadBack>,
     pub(crate) progress: Arc<Progress>,
 }

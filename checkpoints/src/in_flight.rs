@@ -3,7 +3,7 @@
 //! side, and the failures of background saves nobody was there to see. `gc` reads it so it
 //! never removes what a save of this process is still writing.
 
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use weightbay::{Error, Result};
 
@@ -30,9 +30,11 @@ impl Saves {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits until no save is in flight, then marks `save` as in flight. Returns the failures
-    /// of earlier background saves nobody saw, which the caller reports instead of saving.
-    pub(crate) fn begin(&self, save: (u64, String)) -> Result<()> {
+    /// Waits until no save is in flight, then marks `save` as in flight until the returned
+    /// guard is dropped (a panic on the way ends it too, so nothing waits for ever). Returns
+    /// the failures of earlier background saves nobody saw, which the caller reports instead
+    /// of saving.
+    pub(crate) fn begin(self: &Arc<Self>, save: (u64, String)) -> Result<InFlight> {
         let mut state = self.lock();
         while state.in_flight.is_some() {
             state = self
@@ -44,7 +46,7 @@ impl Saves {
             return Err(error);
         }
         state.in_flight = Some(save);
-        Ok(())
+        Ok(InFlight(Arc::clone(self)))
     }
 
     /// Waits until no save of `step` is in flight (a background save being written, which a
@@ -62,10 +64,16 @@ impl Saves {
                 .unwrap_or_else(PoisonError::into_inner);
         }
     }
+}
 
-    pub(crate) fn end(&self) {
-        self.lock().in_flight = None;
-        self.finished.notify_all();
+/// A save in flight ([`Saves::begin`]): dropping it ends the save.
+#[derive(Debug)]
+pub(crate) struct InFlight(Arc<Saves>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.lock().in_flight = None;
+        self.0.finished.notify_all();
     }
 }
 

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use weightbay::backend_kit::unique_token;
 use weightbay::checksum::crc32c_append;
-use weightbay::{Background, CreateOptions, Durability, Error, ErrorKind, Result, WriteMode};
+use weightbay::{Background, Durability, Error, ErrorKind, Result};
 
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
+use crate::copy::create_container;
 use crate::following::{Followed, Head, Heads};
 use crate::layout;
 use crate::record::CommitRecord;
@@ -389,15 +390,21 @@ impl Tiers {
                 (copied.map(drop).map_err(named), false)
             }
             None => {
-                // A background save of the step may still be writing it.
-                self.fast.saves.wait_while_saving(job.step);
-                let opened = self.fast.open(job.step);
-                let unsaved = opened
-                    .as_ref()
-                    .is_err_and(|e| e.kind() == ErrorKind::NotFound);
+                let (opened, unsaved) = self.saved_on_fast(job.step);
                 (opened.and_then(|c| self.copy(&c, None)).map(drop), unsaved)
             }
         }
+    }
+
+    /// The fast tier's checkpoint of `step` once a background save of it still writing has
+    /// ended, and whether it is missing because that save did not commit.
+    fn saved_on_fast(&self, step: u64) -> (Result<Checkpoint>, bool) {
+        self.fast.saves.wait_while_saving(step);
+        let opened = self.fast.open(step);
+        let unsaved = opened
+            .as_ref()
+            .is_err_and(|e| e.kind() == ErrorKind::NotFound);
+        (opened, unsaved)
     }
 
     /// Copies `step` from the fast tier to the durable one now, on the calling thread (see
@@ -429,14 +436,14 @@ impl Tiers {
 
     /// Copies `checkpoint` of the fast tier to the durable one: its containers with their
     /// CRC32C checked on the way, the commit record last. A step the durable tier holds
-    /// already counts as promoted if its bytes are the fast tier's.
+    /// already counts as promoted if its bytes are the fast tier's. Streamed containers
+    /// (`heads`) go into save directory `save` of the step, whose save slot the caller holds;
+    /// without them the copy is [`Checkpoints::copy_from`].
     ///
     /// # Errors
     /// [`ErrorKind::AlreadyExists`] when the durable tier holds the step with other bytes;
     /// the copy's errors.
-    /// Streamed containers (`heads`) go into save directory `save` of the step, whose save
-    /// slot the caller holds; without them the copy is [`Checkpoints::copy_from`].
-    pub(crate) fn copy(
+    fn copy(
         &self,
         checkpoint: &Checkpoint,
         streamed: Option<(&str, Heads)>,
@@ -475,26 +482,24 @@ impl Tiers {
     /// Promotes `step` following the fast tier's save of it: streams each container the save
     /// announces on `announced` (the channel closes when the save ends), then copies the
     /// committed step with what was streamed. Returns how it ended and whether it failed
-    /// because the save did not commit.
-    pub(crate) fn follow(&self, step: u64, announced: Receiver<Followed>) -> (Result<()>, bool) {
+    /// because the save did not commit. It holds the durable tier's save slot throughout, as
+    /// a copy does, so gc there leaves its uploads alone and a save or copy made there
+    /// directly meanwhile waits for it.
+    fn follow(&self, step: u64, announced: Receiver<Followed>) -> (Result<()>, bool) {
         let dir = self.durable.step_dir(step);
-        if let Err(e) = self.durable.saves.begin((step, dir.clone())) {
-            return (Err(e), false);
-        }
+        let _in_flight = match self.durable.saves.begin((step, dir.clone())) {
+            Ok(in_flight) => in_flight,
+            Err(e) => return (Err(e), false),
+        };
         let save = unique_token();
         let streamed = self.stream(step, &dir, &save, announced);
-        // The channel closed when the save's last write was done; a background save ends
-        // after that.
-        self.fast.saves.wait_while_saving(step);
-        let opened = self.fast.open(step);
-        let unsaved = opened
-            .as_ref()
-            .is_err_and(|e| e.kind() == ErrorKind::NotFound);
+        // The channel closed when the save's `write_and_commit` returned, its record written
+        // or its failure known; a background save's slot ends just after.
+        let (opened, unsaved) = self.saved_on_fast(step);
         let promoted = streamed.and_then(|heads| {
             let checkpoint = opened?;
             self.copy(&checkpoint, Some((&save, heads))).map(drop)
         });
-        self.durable.saves.end();
         (promoted, unsaved)
     }
 
@@ -525,7 +530,11 @@ impl Tiers {
                     heads.insert(relative.to_owned(), head);
                 }
                 Ok(None) => {}
-                Err(e) => failure = Some(e),
+                Err(e) => {
+                    // Abort what was streamed now, not when the save ends.
+                    heads.clear();
+                    failure = Some(e);
+                }
             }
         }
         failure.map_or(Ok(heads), Err)
@@ -539,14 +548,8 @@ impl Tiers {
         key: &str,
         window: &mut Vec<u8>,
     ) -> Result<Option<Head>> {
-        let options = CreateOptions::default()
-            .with_mode(WriteMode::Overwrite)
-            .with_durability(Durability::Default);
-        let mut sink = self
-            .durable
-            .storage
-            .create(key, &options)
-            .map_err(|e| e.with_operation("create").with_key(key))?;
+        let storage = self.durable.storage.as_ref();
+        let mut sink = create_container(storage, key, followed.expected_len, Durability::Default)?;
         let (mut len, mut crc) = (0, 0);
         loop {
             let (written, end) = followed.progress.wait_past(len);

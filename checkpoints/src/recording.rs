@@ -65,6 +65,7 @@ impl Storage for Recording {
             let progress = Arc::new(Progress::default());
             let followed = Followed {
                 key: key.to_owned(),
+                expected_len: options.expected_len,
                 reader: inner.read_back()?,
                 progress: Arc::clone(&progress),
             };

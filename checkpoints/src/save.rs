@@ -173,10 +173,8 @@ impl Checkpoints {
         options: SaveOptions,
     ) -> Result<CommitRecord> {
         let save_dir = format!("{}/{}", self.step_dir(step), unique_token());
-        self.saves.begin((step, save_dir.clone()))?;
-        let result = self.write_and_commit(step, &save_dir, writer, options, None);
-        self.saves.end();
-        result
+        let _in_flight = self.saves.begin((step, save_dir.clone()))?;
+        self.write_and_commit(step, &save_dir, writer, options, None)
     }
 
     /// Writes the containers of a save and its commit record. An incremental save is never

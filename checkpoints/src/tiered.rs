@@ -179,12 +179,11 @@ impl Tiered {
         writer: Writer,
         options: SaveOptions,
     ) -> Result<SaveHandle> {
-        let follower = self.tiers.follow_save(step, &self.promotion);
-        let followed = follower.is_some();
-        let handle = self
+        let follow = || self.tiers.follow_save(step, &self.promotion);
+        let (handle, followed) = self
             .tiers
             .fast
-            .save_in_background_followed(step, writer, options, follower)?;
+            .save_in_background_followed(step, writer, options, follow)?;
         self.saved(step, followed)?;
         Ok(handle)
     }

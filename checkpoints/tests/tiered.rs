@@ -37,12 +37,14 @@ struct GateState {
 }
 
 /// A durable tier whose `create` waits while its gate is closed and fails while it is down:
-/// a promotion held in flight, or a remote outage. It counts the bytes its sinks receive.
+/// a promotion held in flight, or a remote outage. It counts the bytes its sinks receive and
+/// notes the length each create announced.
 #[derive(Debug, Clone, Default)]
 struct Remote {
     inner: Arc<MemoryStorage>,
     gate: Arc<(Mutex<GateState>, Condvar)>,
     received: Arc<AtomicU64>,
+    expected_lens: Arc<Mutex<Vec<Option<u64>>>>,
 }
 
 /// A sink of a [`Remote`], counting what it receives.
@@ -102,6 +104,10 @@ impl Storage for Remote {
         self.inner.capabilities()
     }
     fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
+        self.expected_lens
+            .lock()
+            .unwrap()
+            .push(options.expected_len);
         let (state, changed) = &*self.gate;
         let mut gate = state.lock().unwrap();
         gate.waiting += 1;
@@ -240,6 +246,19 @@ fn a_promotion_streams_a_background_save_while_it_is_written() {
         tiered.durable().open(1).unwrap(),
     );
     durable.verify().unwrap();
+    // Announced up front, so an object store sizes its parts for the whole container.
+    let lens: Vec<_> = fast
+        .record()
+        .containers
+        .iter()
+        .map(|c| Some(c.len))
+        .collect();
+    let announced = remote.expected_lens.lock().unwrap().clone();
+    assert_eq!(
+        announced[..lens.len()],
+        lens,
+        "then the record's own write: {announced:?}"
+    );
     let (fast, durable) = (fast.reader().unwrap(), durable.reader().unwrap());
     for name in ["first", "second"] {
         assert_eq!(

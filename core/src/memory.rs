@@ -170,12 +170,11 @@ fn lock_written(written: &Mutex<Written>) -> MutexGuard<'_, Written> {
 impl Sink for MemorySink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
         check_deadline(self.deadline, "writing").map_err(|e| e.with_key(&self.key))?;
-        match &mut *lock_written(&self.written) {
-            Written::Writing(buffer) => buffer.extend_from_slice(data),
-            Written::Published(_) => {
-                return Err(Error::new(ErrorKind::Io, "sink already committed"));
-            }
-        }
+        let mut written = lock_written(&self.written);
+        let Written::Writing(buffer) = &mut *written else {
+            unreachable!("a sink is published only by its commit, which consumes it");
+        };
+        buffer.extend_from_slice(data);
         Ok(())
     }
 
@@ -189,10 +188,10 @@ impl Sink for MemorySink {
                     .with_key(&self.key),
             );
         }
-        let data = match &mut *written {
-            Written::Writing(buffer) => bytes::Bytes::from(std::mem::take(buffer)),
-            Written::Published(bytes) => bytes.clone(),
+        let Written::Writing(buffer) = &mut *written else {
+            unreachable!("a sink is committed once: its commit consumes it");
         };
+        let data = bytes::Bytes::from(std::mem::take(buffer));
         *written = Written::Published(data.clone());
         state.objects.insert(self.key.clone(), data);
         Ok(())

@@ -1,7 +1,8 @@
 //! Tiered checkpoints (`weightbay-checkpoints`) with the backend as the durable tier and an
-//! in-memory fast tier: promotions, run on demand, queued behind saves and following
-//! background saves as they write, failing at every operation of the backend in turn. Whatever fails, the durable tier never shows a complete
-//! checkpoint whose bytes differ from the fast tier's, nor a damaged one.
+//! in-memory fast tier: promotions, run on demand, queued behind saves and following background
+//! saves as they write, failing at every operation of the backend in turn. Whatever fails, the
+//! durable tier never shows a complete checkpoint whose bytes differ from the fast tier's, nor
+//! a damaged one.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
