@@ -4,9 +4,8 @@
 //! durable one, and a durable tier that fails never holds the loop or a half checkpoint. The
 //! conformance suite runs promotions failing at every operation of each backend.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use weightbay::{
     Bytes, Capabilities, CreateOptions, DType, ErrorKind, Listed, MemoryStorage, PendingWrite,
@@ -43,20 +42,22 @@ struct GateState {
 struct Remote {
     inner: Arc<MemoryStorage>,
     gate: Arc<(Mutex<GateState>, Condvar)>,
-    received: Arc<AtomicU64>,
+    received: Arc<(Mutex<u64>, Condvar)>,
     expected_lens: Arc<Mutex<Vec<Option<u64>>>>,
 }
 
 /// A sink of a [`Remote`], counting what it receives.
 struct Counted {
     inner: Box<dyn Sink>,
-    received: Arc<AtomicU64>,
+    received: Arc<(Mutex<u64>, Condvar)>,
 }
 
 impl Sink for Counted {
     fn write(&mut self, data: &[u8]) -> weightbay::Result<()> {
         self.inner.write(data)?;
-        self.received.fetch_add(data.len() as u64, Ordering::SeqCst);
+        let (received, grew) = &*self.received;
+        *received.lock().unwrap() += data.len() as u64;
+        grew.notify_all();
         Ok(())
     }
     fn commit(self: Box<Self>) -> weightbay::Result<()> {
@@ -65,23 +66,23 @@ impl Sink for Counted {
 }
 
 impl Remote {
-    /// Waits up to `patience` until its sinks have received `len` bytes.
+    /// Waits until its sinks have received `len` bytes. `patience` only keeps a promotion
+    /// that never streams from hanging the test: it then fails, naming what arrived.
     fn wait_to_receive(&self, len: u64, patience: Duration) -> weightbay::Result<()> {
-        let until = Instant::now() + patience;
-        while self.received.load(Ordering::SeqCst) < len {
-            if Instant::now() > until {
-                return Err(weightbay::Error::new(
-                    ErrorKind::TimedOut,
-                    format!(
-                        "the durable tier received {} of {len} bytes while the save was being \
-                         written",
-                        self.received.load(Ordering::SeqCst)
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        let (received, grew) = &*self.received;
+        let (received, _) = grew
+            .wait_timeout_while(received.lock().unwrap(), patience, |r| *r < len)
+            .unwrap();
+        if *received >= len {
+            return Ok(());
         }
-        Ok(())
+        Err(weightbay::Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "the durable tier received {received} of {len} bytes while the save was being \
+                 written"
+            ),
+        ))
     }
 
     fn set(&self, change: impl FnOnce(&mut GateState)) {
