@@ -253,34 +253,37 @@ fn an_abandoned_save_removes_the_directories_it_made() {
     assert!(dir.path().join("a/keep.bpk").exists() && !dir.path().join("a/b").exists());
 }
 
-/// A replaced container is released off the save's path (Linux), but it is released: no
-/// handle to it outlives the background close.
+/// A large container that is replaced or deleted is freed off the caller's path (Linux), but
+/// it is freed: no handle to it outlives the background close. Containers from 64 MiB are
+/// held so.
 #[cfg(target_os = "linux")]
 #[test]
-fn a_replaced_container_is_released() {
+fn a_replaced_or_deleted_container_is_released() {
     let dir = tempfile::tempdir().unwrap();
     let storage = LocalStorage::new(dir.path());
     let path = dir.path().join("m.bpk");
-    for fill in 0..5 {
-        container(fill, 1 << 20)
-            .write_to(&storage, "m.bpk")
-            .unwrap();
-    }
-    let holds_a_replaced_file = || {
+    let len = 65 << 20;
+    let holds_a_freed_file = || {
         fs::read_dir("/proc/self/fd").unwrap().flatten().any(|fd| {
             fs::read_link(fd.path()).is_ok_and(|target| {
                 target.to_string_lossy() == format!("{} (deleted)", path.display())
             })
         })
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while holds_a_replaced_file() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a replaced container is still held open"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    let wait_until_released = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while holds_a_freed_file() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a replaced or deleted container is still held open"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    for fill in 0..3 {
+        container(fill, len).write_to(&storage, "m.bpk").unwrap();
     }
+    wait_until_released();
     assert_eq!(
         fs::read(&path).unwrap().len() as u64,
         fs::metadata(&path).unwrap().len()
@@ -290,8 +293,16 @@ fn a_replaced_container_is_released() {
             .unwrap()
             .read("w")
             .unwrap(),
-        vec![4; 1 << 20]
+        vec![2; len]
     );
+
+    storage.delete("m.bpk").unwrap();
+    assert!(!path.exists());
+    assert_eq!(
+        storage.open("m.bpk").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    wait_until_released();
 }
 
 /// A failed file operation reaches the caller with its `io::Error` in the source chain, so a
