@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::checksum::crc32c_append;
+use crate::checksum::{crc32c, crc32c_append, crc32c_combine};
 use crate::ranges::check_ranges;
 use crate::storage::Source;
 use crate::{Bytes, Error, ErrorKind, Result};
@@ -83,7 +83,9 @@ const REMOTE_WINDOW: u64 = 16 << 20;
 /// stay busy while memory holds the budget; anything else is read in 8 MiB windows on two
 /// threads, one window ahead of `each`, so that reading the next window overlaps what `each`
 /// does with this one (a copy from a local file into an upload ran 1.13× a save from memory
-/// reading on the calling thread, 1.03× reading ahead: docs/BENCHMARKS.md, tiered).
+/// reading on the calling thread, 1.03× reading ahead: docs/BENCHMARKS.md, tiered). Each
+/// window's CRC32C is taken by the thread that read it, and only combined on the calling
+/// thread, which is the one a copy's writes wait on.
 ///
 /// # Errors
 /// The first read error, or `each`'s, which stops the reads.
@@ -92,21 +94,6 @@ pub fn read_in_order<S: Source + ?Sized>(
     range: Range<u64>,
     mut each: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<u32> {
-    let mut crc = 0;
-    let mut each = |window: &[u8]| {
-        crc = crc32c_append(crc, window);
-        each(window)
-    };
-    read_windows(source, range, &mut each)?;
-    Ok(crc)
-}
-
-/// [`read_in_order`] without the checksum.
-fn read_windows<S: Source + ?Sized>(
-    source: &S,
-    range: Range<u64>,
-    each: &mut impl FnMut(&[u8]) -> Result<()>,
-) -> Result<()> {
     let ahead = source.fetch_ahead();
     let (window, in_flight) = if ahead > 0 {
         (
@@ -121,21 +108,23 @@ fn read_windows<S: Source + ?Sized>(
         .map(|start| start..range.end.min(start + window))
         .collect();
     let workers = in_flight.clamp(1, windows.len().max(1));
+    let mut crc = 0;
     if workers == 1 {
         let mut buffer = vec![0; window.min(range.end - range.start) as usize];
         // Every window is at most `window` long and lies inside `range`: within the buffer.
         for piece in &windows {
             let chunk = &mut buffer[..(piece.end - piece.start) as usize];
             source.read_at(piece.start, chunk)?;
+            crc = crc32c_append(crc, chunk);
             each(chunk)?;
         }
-        return Ok(());
+        return Ok(crc);
     }
     std::thread::scope(|scope| {
         // Worker k reads windows k, k + workers, …, one at a time into its one buffer, which
         // comes back once its window has been handed over: so window i is never waited on
         // behind a buffer that only a later window could free.
-        let (filled, arrived) = std::sync::mpsc::channel::<(usize, Result<Vec<u8>>)>();
+        let (filled, arrived) = std::sync::mpsc::channel::<(usize, Result<(Vec<u8>, u32)>)>();
         let mut give_back = Vec::with_capacity(workers);
         for worker in 0..workers {
             let (back, returned) = std::sync::mpsc::channel::<Vec<u8>>();
@@ -147,7 +136,11 @@ fn read_windows<S: Source + ?Sized>(
                 for (index, piece) in windows.iter().enumerate().skip(worker).step_by(workers) {
                     let len = (piece.end - piece.start) as usize;
                     let read = source.read_at(piece.start, &mut buffer[..len]);
-                    let sent = filled.send((index, read.map(|()| buffer)));
+                    let read = read.map(|()| {
+                        let crc = crc32c(&buffer[..len]);
+                        (buffer, crc)
+                    });
+                    let sent = filled.send((index, read));
                     match returned.recv() {
                         Ok(back) if sent.is_ok() => buffer = back,
                         _ => return,
@@ -158,19 +151,21 @@ fn read_windows<S: Source + ?Sized>(
         drop(filled);
         let mut early = std::collections::BTreeMap::new();
         for (index, piece) in windows.iter().enumerate() {
-            let buffer = loop {
-                if let Some(buffer) = early.remove(&index) {
-                    break buffer;
+            let (buffer, window_crc) = loop {
+                if let Some(read) = early.remove(&index) {
+                    break read;
                 }
                 let (at, read) = arrived
                     .recv()
                     .map_err(|_| Error::new(ErrorKind::Io, "a read thread ended early"))?;
                 early.insert(at, read?);
             };
-            each(&buffer[..(piece.end - piece.start) as usize])?;
+            let len = (piece.end - piece.start) as usize;
+            crc = crc32c_combine(crc, window_crc, len);
+            each(&buffer[..len])?;
             // The worker may have ended already, on a failure of its own: nothing to return.
             let _ = give_back[index % workers].send(buffer);
         }
-        Ok(())
+        Ok(crc)
     })
 }
