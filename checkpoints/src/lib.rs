@@ -102,6 +102,6 @@ pub use record::{
     CommitRecord, ContainerRecord, LogicalTensor, PieceRecord, Pieces, RankFailure, RankManifest,
     RankTensor, Region, SliceRecord,
 };
-pub use retention::{GcReport, Retention};
+pub use retention::{GcReport, PerTier, Retention};
 pub use save::SaveOptions;
-pub use tiered::{PerTier, Tiered, TieredStatus};
+pub use tiered::{Tiered, TieredStatus};

@@ -19,7 +19,9 @@ use crate::checkpoints::Checkpoints;
 use crate::copy::create_container;
 use crate::following::{Followed, Head, Heads};
 use crate::layout;
+use crate::listing::StepState;
 use crate::record::CommitRecord;
+use crate::retention::{PerTier, Retention};
 
 /// How much of a followed container is read back and sent at a time.
 const FOLLOW_WINDOW: u64 = 8 << 20;
@@ -166,6 +168,14 @@ pub(crate) struct Queue {
     /// Steps of the fast tier that failed verification: passed over without reading them
     /// again.
     pub(crate) torn: BTreeSet<u64>,
+    /// The policy applied after each promotion ends
+    /// ([`Tiered::with_retention`](crate::Tiered::with_retention)).
+    pub(crate) retention: Option<PerTier<Retention>>,
+    /// The newest failure of that pass, not reported yet: what
+    /// [`Tiered::flush`](crate::Tiered::flush) reports after a promotion's failure.
+    pub(crate) retention_failure: Option<Error>,
+    /// Passes of that policy running: `flush` waits for them too.
+    retaining: usize,
 }
 
 impl Queue {
@@ -238,10 +248,10 @@ impl Promoter {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits until nothing waits or is being copied.
+    /// Waits until nothing waits or is being copied, and no retention pass runs.
     pub(crate) fn wait_idle(&self) {
         let mut queue = self.lock();
-        while !queue.copying.is_empty() || !queue.waiting.is_empty() {
+        while !queue.copying.is_empty() || !queue.waiting.is_empty() || queue.retaining > 0 {
             queue = self
                 .changed
                 .wait(queue)
@@ -375,7 +385,13 @@ impl Tiers {
             Err(e) => queue.failure = Some((job.step, e)),
             Ok(()) => {}
         }
+        let policy = queue.retention;
+        queue.retaining += usize::from(policy.is_some());
         self.promoter.changed.notify_all();
+        drop(queue);
+        if let Some(policy) = policy {
+            self.retain_after_promotion(&policy);
+        }
     }
 
     /// Runs `job`: how it ended, and whether it failed because the fast tier's save of the
@@ -474,6 +490,52 @@ impl Tiers {
             }
             copied => copied,
         }
+    }
+}
+
+/// Retention on both tiers: [`Tiered::retain`](crate::Tiered::retain), and the pass after
+/// each promotion when [`Tiered::with_retention`](crate::Tiered::with_retention) set a policy.
+impl Tiers {
+    /// See [`Tiered::retain`](crate::Tiered::retain).
+    pub(crate) fn retain(&self, policy: &PerTier<Retention>) -> Result<PerTier<Vec<u64>>> {
+        let mut doomed = self.fast.retention_plan(&policy.fast)?;
+        let rank_parts: Vec<u64> = self
+            .fast
+            .list()?
+            .into_iter()
+            .filter(|s| s.state == StepState::Uncommitted && s.ranks.is_some())
+            .map(|s| s.step)
+            .collect();
+        if !rank_parts.is_empty() {
+            let newest = self.durable.steps()?.last().copied();
+            doomed.extend(rank_parts.into_iter().filter(|&s| Some(s) <= newest));
+            doomed.sort_unstable();
+        }
+        // Pending steps are known under the lock; the deletes run outside it, or every save
+        // queueing its promotion meanwhile would wait for them. A step queued after this is a
+        // newer save's, or the newest complete one (resuming), which no policy deletes; only an
+        // explicit `promote` of a doomed step can meet its deletion, and fails as for a step
+        // deleted before it.
+        doomed.retain(|&step| !self.promoter.lock().is_pending(step));
+        self.fast.delete_steps(&doomed)?;
+        let durable = self.durable.retain(&policy.durable)?;
+        Ok(PerTier {
+            fast: doomed,
+            durable,
+        })
+    }
+
+    /// The pass of the policy set by [`Tiered::with_retention`](crate::Tiered::with_retention)
+    /// after a promotion ended, counted in [`Queue::retaining`] by the caller; a failure is
+    /// kept for `flush`.
+    fn retain_after_promotion(&self, policy: &PerTier<Retention>) {
+        let retained = self.retain(policy);
+        let mut queue = self.promoter.lock();
+        queue.retaining -= 1;
+        if let Err(e) = retained {
+            queue.retention_failure = Some(e);
+        }
+        self.promoter.changed.notify_all();
     }
 }
 

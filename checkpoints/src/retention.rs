@@ -12,6 +12,16 @@ use crate::layout;
 use crate::listing::{StepState, StepStatus};
 use crate::record::{ANNOUNCEMENT_VERSION, Announcement, CommitRecord, now_unix_ms, read_json};
 
+/// One value for each tier: a retention policy each ([`Tiered::retain`](crate::Tiered::retain), [`Tiered::with_retention`](crate::Tiered::with_retention)), the steps each
+/// deleted, gc's report for each ([`Tiered::gc`](crate::Tiered::gc)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerTier<T> {
+    /// For the fast tier.
+    pub fast: T,
+    /// For the durable tier.
+    pub durable: T,
+}
+
 /// Which checkpoints [`Checkpoints::retain`] keeps. The newest complete checkpoint is always
 /// kept, whatever the policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

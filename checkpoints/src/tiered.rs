@@ -14,18 +14,8 @@ use crate::listing::{StepState, StepStatus};
 use crate::promotion::{Job, Promoter, Promotion, PromotionState, Tiers};
 use crate::ranks::{RankOutcome, RankSave};
 use crate::record::CommitRecord;
-use crate::retention::{GcReport, Retention};
+use crate::retention::{GcReport, PerTier, Retention};
 use crate::save::SaveOptions;
-
-/// One value for each tier: a retention policy each ([`Tiered::retain`]), the steps each
-/// deleted, gc's report for each ([`Tiered::gc`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PerTier<T> {
-    /// For the fast tier.
-    pub fast: T,
-    /// For the durable tier.
-    pub durable: T,
-}
 
 /// A step found on either tier, with its state on each and its promotion.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,8 +64,9 @@ impl TieredStatus {
 ///   local copy torn by a crash is never returned; with the fast tier empty or damaged (the
 ///   machine was replaced), the durable tier serves.
 /// - [`retain`](Self::retain) keeps each tier by its own policy and never deletes a fast
-///   step whose promotion waits or runs; [`gc`](Self::gc) cleans both, never touching a
-///   promotion in flight.
+///   step whose promotion waits or runs; [`with_retention`](Self::with_retention) applies
+///   such a policy on the promotion's thread after each promotion, so the loop never waits for
+///   deletes; [`gc`](Self::gc) cleans both, never touching a promotion in flight.
 ///
 /// ```
 /// use std::time::Duration;
@@ -85,16 +76,16 @@ impl TieredStatus {
 /// let fast = Checkpoints::new(MemoryStorage::new(), "run-1"); // a local directory, say
 /// let durable = Checkpoints::new(MemoryStorage::new(), "run-1"); // s3://bucket/runs, say
 /// let tiered = Tiered::new(fast, durable)
-///     .with_promotion(Promotion::newest_only().with_max_block(Duration::from_millis(50)));
+///     .with_promotion(Promotion::newest_only().with_max_block(Duration::from_millis(50)))
+///     .with_retention(PerTier {
+///         fast: Retention::keep_last(2),
+///         durable: Retention::keep_last(5).and_every(1000),
+///     });
 /// for step in [100, 200, 300] {
 ///     let weights = vec![Tensor::from_slice("w", [2], &[step as f32, 1.0])];
 ///     tiered.save(step, Writer::new(weights))?; // durable on the fast tier when it returns
-///     tiered.retain(&PerTier {
-///         fast: Retention::keep_last(2),
-///         durable: Retention::keep_last(5).and_every(1000),
-///     })?;
 /// }
-/// tiered.flush()?; // every queued promotion has landed
+/// tiered.flush()?; // every queued promotion has landed, and retention after it
 /// let latest = tiered.latest()?.expect("saved");
 /// assert_eq!(latest.step(), 300);
 /// assert!(tiered.list()?.iter().any(|s| s.step == 300 && s.is_durable()));
@@ -243,22 +234,27 @@ impl Tiered {
         self.tiers.promote(step)
     }
 
-    /// Waits for the fast tier's save in flight and every queued promotion, and reports a
-    /// queued promotion that failed with no newer one succeeding since (once: a second flush
-    /// does not report it again). Call it before a program exits: `Ok` means the newest
-    /// checkpoint promoted is durable.
+    /// Waits for the fast tier's save in flight, every queued promotion and the retention
+    /// passes after them ([`with_retention`](Self::with_retention)), and reports a queued
+    /// promotion that failed with no newer one succeeding since (once: a second flush does not
+    /// report it again), else the newest retention pass that failed (once too). Call it
+    /// before a program exits: `Ok` means the newest checkpoint promoted is durable.
     ///
     /// # Errors
     /// As [`Checkpoints::flush`] on the fast tier; else that promotion's error, its kind and
-    /// cause kept, saying which step is on the fast tier only.
+    /// cause kept, saying which step is on the fast tier only; else that retention pass's.
     pub fn flush(&self) -> Result<()> {
         let saved = self.tiers.fast.flush();
         self.tiers.promoter.wait_idle();
         saved?;
-        match self.tiers.promoter.lock().failure.take() {
-            Some((step, e)) => Err(e.context(format!(
+        let mut queue = self.tiers.promoter.lock();
+        if let Some((step, e)) = queue.failure.take() {
+            return Err(e.context(format!(
                 "step {step} is on the fast tier only: its promotion failed"
-            ))),
+            )));
+        }
+        match queue.retention_failure.take() {
+            Some(e) => Err(e.context("the retention pass after a promotion failed")),
             None => Ok(()),
         }
     }
@@ -385,29 +381,20 @@ impl Tiered {
     /// # Errors
     /// Either tier's errors; what was deleted before stays deleted.
     pub fn retain(&self, policy: &PerTier<Retention>) -> Result<PerTier<Vec<u64>>> {
-        let mut doomed = self.tiers.fast.retention_plan(&policy.fast)?;
-        let rank_parts: Vec<u64> = self
-            .tiers
-            .fast
-            .list()?
-            .into_iter()
-            .filter(|s| s.state == StepState::Uncommitted && s.ranks.is_some())
-            .map(|s| s.step)
-            .collect();
-        if !rank_parts.is_empty() {
-            let newest = self.tiers.durable.steps()?.last().copied();
-            doomed.extend(rank_parts.into_iter().filter(|&s| Some(s) <= newest));
-            doomed.sort_unstable();
-        }
-        let fast = {
-            // Held while deleting, so no promotion starts reading a step deleted under it.
-            let queue = self.tiers.promoter.lock();
-            doomed.retain(|&step| !queue.is_pending(step));
-            self.tiers.fast.delete_steps(&doomed)?;
-            doomed
-        };
-        let durable = self.tiers.durable.retain(&policy.durable)?;
-        Ok(PerTier { fast, durable })
+        self.tiers.retain(policy)
+    }
+
+    /// Applies `policy` as [`retain`](Self::retain) does, on the promotion's thread after
+    /// each promotion ends (promoted or failed), instead of on the caller's: a training loop
+    /// then never waits for retention, whose deletes can take a second each while a
+    /// background save keeps the disk busy (a directory's fsync waits for the file system's
+    /// journal, which waits for the save's data). Until the next promotion ends, the fast tier
+    /// may hold the steps saved since the last. A pass that fails is reported by
+    /// [`flush`](Self::flush); the next promotion's pass tries again.
+    #[must_use]
+    pub fn with_retention(self, policy: PerTier<Retention>) -> Self {
+        self.tiers.promoter.lock().retention = Some(policy);
+        self
     }
 
     /// [`Checkpoints::gc`] on each tier. A promotion in flight is this value's durable tier's

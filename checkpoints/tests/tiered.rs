@@ -33,6 +33,8 @@ struct GateState {
     down: bool,
     /// Creates waiting at the gate now.
     waiting: usize,
+    /// Deletes fail while set.
+    deletes_down: bool,
 }
 
 /// A durable tier whose `create` waits while its gate is closed and fails while it is down:
@@ -131,6 +133,12 @@ impl Storage for Remote {
         self.inner.open(key)
     }
     fn delete(&self, key: &str) -> weightbay::Result<()> {
+        if self.gate.0.lock().unwrap().deletes_down {
+            return Err(weightbay::Error::new(
+                ErrorKind::Io,
+                "the remote store refuses deletes",
+            ));
+        }
         self.inner.delete(key)
     }
     fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
@@ -382,6 +390,46 @@ fn the_fast_tier_keeps_what_waits_for_promotion_and_each_tier_its_own_policy() {
     assert_eq!(tiered.durable().steps().unwrap(), [3, 4]);
     let report = tiered.gc().unwrap();
     assert!(report.fast.orphans.is_empty() && report.durable.orphans.is_empty());
+}
+
+#[test]
+fn a_retention_policy_runs_after_each_promotion_and_flush_reports_a_failed_pass() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let tiered = tiers_over(&fast, &remote, Promotion::every_save()).with_retention(PerTier {
+        fast: Retention::keep_last(1),
+        durable: Retention::keep_last(2),
+    });
+    remote.set(|g| g.closed = true);
+    for step in 1..=4 {
+        tiered.save(step, Writer::new(model(step))).unwrap();
+    }
+    assert_eq!(
+        tiered.fast().steps().unwrap(),
+        [1, 2, 3, 4],
+        "every step waits for promotion"
+    );
+    remote.set(|g| g.closed = false);
+    tiered.flush().unwrap();
+    assert_eq!(tiered.fast().steps().unwrap(), [4]);
+    assert_eq!(tiered.durable().steps().unwrap(), [3, 4]);
+
+    // A pass that fails is reported once by flush, with its cause; the next pass catches up.
+    remote.set(|g| g.deletes_down = true);
+    tiered.save(5, Writer::new(model(5))).unwrap();
+    let failed = tiered.flush().unwrap_err();
+    assert!(
+        failed.to_string().contains("retention pass")
+            && format!("{failed:?}").contains("refuses deletes"),
+        "{failed:?}"
+    );
+    tiered.flush().unwrap();
+    assert_eq!(tiered.fast().steps().unwrap(), [5]);
+    assert_eq!(tiered.durable().steps().unwrap(), [3, 4, 5]);
+    remote.set(|g| g.deletes_down = false);
+    tiered.save(6, Writer::new(model(6))).unwrap();
+    tiered.flush().unwrap();
+    assert_eq!(tiered.fast().steps().unwrap(), [6]);
+    assert_eq!(tiered.durable().steps().unwrap(), [5, 6]);
 }
 
 #[test]
