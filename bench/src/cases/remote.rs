@@ -3,7 +3,9 @@
 //! parallelism and to show how close a load and a copy come to what the connections carry.
 //!
 //! The limit each row is set against is computed, not run: the bytes over (connections ×
-//! 100 MiB/s), where the connections are the most requests the run had open at once.
+//! 100 MiB/s), where the connections are the most requests the run had open at once. A copy
+//! into a file system is also set against the lower of that and a save of the same bytes from
+//! memory to that file system, run beside it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,7 @@ use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 
 use crate::Bench;
 use crate::cases::object_store::cp;
-use crate::harness::{median, print_runs, timed};
+use crate::harness::{median, print_runs, seconds, timed};
 use crate::report::Row;
 use crate::store::SlowStore;
 
@@ -92,30 +94,125 @@ fn against_limit_after(
     mut before: impl FnMut() -> Result<()>,
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<()> {
-    let (mut times, mut limits) = (Vec::new(), Vec::new());
-    let mut most = 0;
-    for _ in 0..b.table.runs {
-        before()?;
-        throttled.counts().take_most_open();
-        times.push(timed(&mut f)?);
-        let connections = throttled.counts().take_most_open().max(1);
-        most = most.max(connections);
-        limits.push(limit(bytes, connections));
-    }
-    print_runs(&times, &limits);
+    let runs = runs_against_limit(b.table.runs, bytes, throttled, &mut before, &mut f, None)?;
+    print_runs(&runs.times, &runs.limits);
+    b.table.push(runs.row(case, bytes));
+    Ok(())
+}
+
+/// A copy into a file system, against the connections' limit as [`against_limit_after`] and
+/// against the lower of that and what the file system takes in: each run also times `save`,
+/// the same bytes saved from memory to the same file system as the copy writes them (after
+/// `before` again, in turn first and second), and a second row sets each run of the copy
+/// against the longer of the two.
+fn copy_against_limits(
+    b: &mut Bench<'_>,
+    case: String,
+    bytes: u64,
+    throttled: &SlowStore,
+    mut before: impl FnMut() -> Result<()>,
+    mut copy: impl FnMut() -> Result<()>,
+    mut save: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let runs = runs_against_limit(
+        b.table.runs,
+        bytes,
+        throttled,
+        &mut before,
+        &mut copy,
+        Some(&mut save),
+    )?;
+    print_runs(&runs.times, &runs.limits);
+    println!(
+        "    each save of the same bytes from memory to the same file system, seconds: {}",
+        seconds(&runs.saves)
+    );
+    let lower: Vec<Duration> = runs
+        .limits
+        .iter()
+        .zip(&runs.saves)
+        .map(|(limit, save)| *limit.max(save))
+        .collect();
+    b.table.push(runs.row(case.clone(), bytes));
     b.table.push(Row {
-        case,
-        ours: median(times),
+        case: format!("{case}: against the lower limit"),
+        ours: median(runs.times),
         peer: Some((
-            format!(
-                "{most} × {:.0} MiB/s connections",
-                CONNECTION_BYTES_PER_SECOND / f64::from(1 << 20)
-            ),
-            median(limits),
+            "the connections or a save from memory to the same file system, the slower".to_owned(),
+            median(lower),
         )),
         bytes,
     });
     Ok(())
+}
+
+/// Each run's time, its connections' limit, and (when asked) the paired save's time.
+struct LimitRuns {
+    times: Vec<Duration>,
+    limits: Vec<Duration>,
+    saves: Vec<Duration>,
+    most_open: u64,
+}
+
+impl LimitRuns {
+    /// The row setting the runs against what their connections carry.
+    fn row(&self, case: String, bytes: u64) -> Row {
+        Row {
+            case,
+            ours: median(self.times.clone()),
+            peer: Some((
+                format!(
+                    "{} × {:.0} MiB/s connections",
+                    self.most_open,
+                    CONNECTION_BYTES_PER_SECOND / f64::from(1 << 20)
+                ),
+                median(self.limits.clone()),
+            )),
+            bytes,
+        }
+    }
+}
+
+/// Runs `f` `runs` times after `before`, each against what the connections it opened at once
+/// carry of `bytes`; with `save`, also times it after `before` in each run, first in odd runs
+/// and second in even ones.
+fn runs_against_limit(
+    runs: usize,
+    bytes: u64,
+    throttled: &SlowStore,
+    before: &mut dyn FnMut() -> Result<()>,
+    f: &mut dyn FnMut() -> Result<()>,
+    mut save: Option<&mut dyn FnMut() -> Result<()>>,
+) -> Result<LimitRuns> {
+    let mut out = LimitRuns {
+        times: Vec::new(),
+        limits: Vec::new(),
+        saves: Vec::new(),
+        most_open: 0,
+    };
+    let mut saved =
+        |before: &mut dyn FnMut() -> Result<()>, saves: &mut Vec<Duration>| -> Result<()> {
+            if let Some(save) = save.as_mut() {
+                before()?;
+                saves.push(timed(&mut **save)?);
+            }
+            Ok(())
+        };
+    for run in 0..runs {
+        if run % 2 == 1 {
+            saved(before, &mut out.saves)?;
+        }
+        before()?;
+        throttled.counts().take_most_open();
+        out.times.push(timed(&mut *f)?);
+        let connections = throttled.counts().take_most_open().max(1);
+        out.most_open = out.most_open.max(connections);
+        out.limits.push(limit(bytes, connections));
+        if run % 2 == 0 {
+            saved(before, &mut out.saves)?;
+        }
+    }
+    Ok(out)
 }
 
 pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
@@ -188,26 +285,36 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
                 _ => Ok(()),
             }
         }
+        // What the file system takes in: the same checkpoint saved from memory, with the
+        // copy's durability (the default: fsync on a local disk).
+        let tensors = b.big.ours();
+        let save = |to: &LocalStorage| {
+            Writer::new(tensors.clone())
+                .write_to(to, "copied.bpk")
+                .map(drop)
+        };
         let local = LocalStorage::new(&b.dir);
-        against_limit_after(
+        copy_against_limits(
             b,
             format!("remote copy to a local file, as weightbay cp ({setting})"),
             bytes,
             &throttled,
             || fresh(&local),
             || cp(&storage, "big.bpk", &local, "copied.bpk"),
+            || save(&local),
         )?;
         // The same copy to a file in memory (tmpfs), where the disk's writeback cannot be what
         // the copy waits for: the network's side of it.
         if let Ok(shm) = tempfile::tempdir_in("/dev/shm") {
             let in_memory = LocalStorage::new(shm.path());
-            against_limit_after(
+            copy_against_limits(
                 b,
                 format!("remote copy to a file on tmpfs, as weightbay cp ({setting})"),
                 bytes,
                 &throttled,
                 || fresh(&in_memory),
                 || cp(&storage, "big.bpk", &in_memory, "copied.bpk"),
+                || save(&in_memory),
             )?;
         }
     }
