@@ -171,8 +171,9 @@ pub(crate) struct Queue {
     /// The policy applied after each promotion ends
     /// ([`Tiered::with_retention`](crate::Tiered::with_retention)).
     pub(crate) retention: Option<PerTier<Retention>>,
-    /// The newest failure of that pass, not reported yet: what
-    /// [`Tiered::flush`](crate::Tiered::flush) reports after a promotion's failure.
+    /// The failure of the newest pass of that policy, not reported yet: what
+    /// [`Tiered::flush`](crate::Tiered::flush) reports when no promotion's failure is to be
+    /// reported first.
     pub(crate) retention_failure: Option<Error>,
     /// Passes of that policy running: `flush` waits for them too.
     retaining: usize,
@@ -241,6 +242,9 @@ pub(crate) struct Tiers {
     pub(crate) fast: Checkpoints,
     pub(crate) durable: Checkpoints,
     pub(crate) promoter: Promoter,
+    /// Held by every retention and gc pass of this value: the passes after promotions must not
+    /// overlap one the caller runs (gc's protocol allows one pass at a time on a prefix).
+    pub(crate) passes: Mutex<()>,
 }
 
 impl Promoter {
@@ -498,6 +502,7 @@ impl Tiers {
 impl Tiers {
     /// See [`Tiered::retain`](crate::Tiered::retain).
     pub(crate) fn retain(&self, policy: &PerTier<Retention>) -> Result<PerTier<Vec<u64>>> {
+        let _pass = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
         let mut doomed = self.fast.retention_plan(&policy.fast)?;
         let rank_parts: Vec<u64> = self
             .fast
@@ -512,11 +517,15 @@ impl Tiers {
             doomed.sort_unstable();
         }
         // Pending steps are known under the lock; the deletes run outside it, or every save
-        // queueing its promotion meanwhile would wait for them. A step queued after this is a
-        // newer save's, or the newest complete one (resuming), which no policy deletes; only an
-        // explicit `promote` of a doomed step can meet its deletion, and fails as for a step
-        // deleted before it.
-        doomed.retain(|&step| !self.promoter.lock().is_pending(step));
+        // queueing its promotion meanwhile would wait for them. A step queued after this is
+        // almost always a newer save's, or the newest trusted one (resuming). One that meets
+        // its deletion (an explicit `promote` of a doomed step, or a resumed run whose newest
+        // fast step is torn) fails, or lands with every byte checked against the record read
+        // before: the durable tier never commits other bytes.
+        {
+            let queue = self.promoter.lock();
+            doomed.retain(|&step| !queue.is_pending(step));
+        }
         self.fast.delete_steps(&doomed)?;
         let durable = self.durable.retain(&policy.durable)?;
         Ok(PerTier {
@@ -526,15 +535,21 @@ impl Tiers {
     }
 
     /// The pass of the policy set by [`Tiered::with_retention`](crate::Tiered::with_retention)
-    /// after a promotion ended, counted in [`Queue::retaining`] by the caller; a failure is
-    /// kept for `flush`.
+    /// after a promotion ended, counted in [`Queue::retaining`] by the caller. A failure (a
+    /// panic too: the worker must go on, or `flush` would wait for ever) is kept for `flush`;
+    /// a pass that succeeds forgets it.
     fn retain_after_promotion(&self, policy: &PerTier<Retention>) {
-        let retained = self.retain(policy);
+        let retained =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.retain(policy)))
+                .unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Io,
+                        "the retention pass after a promotion panicked",
+                    ))
+                });
         let mut queue = self.promoter.lock();
         queue.retaining -= 1;
-        if let Err(e) = retained {
-            queue.retention_failure = Some(e);
-        }
+        queue.retention_failure = retained.err();
         self.promoter.changed.notify_all();
     }
 }

@@ -3,7 +3,7 @@
 //! checkpoint either tier holds whole, the fast tier's verified first.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use weightbay::{Result, Writer};
 
@@ -106,6 +106,7 @@ impl Tiered {
                 fast,
                 durable,
                 promoter: Promoter::default(),
+                passes: Mutex::default(),
             }),
             promotion: Promotion::default(),
         }
@@ -385,12 +386,23 @@ impl Tiered {
     }
 
     /// Applies `policy` as [`retain`](Self::retain) does, on the promotion's thread after
-    /// each promotion ends (promoted or failed), instead of on the caller's: a training loop
-    /// then never waits for retention, whose deletes can take a second each while a
-    /// background save keeps the disk busy (a directory's fsync waits for the file system's
-    /// journal, which waits for the save's data). Until the next promotion ends, the fast tier
-    /// may hold the steps saved since the last. A pass that fails is reported by
-    /// [`flush`](Self::flush); the next promotion's pass tries again.
+    /// each queued or followed promotion ends (promoted or failed; not after an explicit
+    /// [`promote`](Self::promote)), instead of on the caller's: a training loop then never
+    /// waits for retention, whose deletes can take a second each while a background save
+    /// keeps the disk busy (a directory's fsync waits for the file system's journal, which
+    /// waits for the save's data).
+    ///
+    /// - Until the next promotion ends, the fast tier may hold the steps saved since the last.
+    /// - The pass runs before the next promotion starts: a save that comes meanwhile is
+    ///   queued, not followed, and with [`Promotion::newest_only`] a slow pass means more
+    ///   superseded steps.
+    /// - Passes never overlap this value's [`retain`](Self::retain) or [`gc`](Self::gc). A
+    ///   prefix takes one pass at a time from one process: with ranks saving from several
+    ///   nodes ([`save_rank`](Self::save_rank)), set a policy on one rank only.
+    /// - A pass that fails is reported by [`flush`](Self::flush) unless a later pass
+    ///   succeeded; the next promotion's pass tries again.
+    /// - The policy is the promotions', which clones of this value share: it applies to
+    ///   theirs too.
     #[must_use]
     pub fn with_retention(self, policy: PerTier<Retention>) -> Self {
         self.tiers.promoter.lock().retention = Some(policy);
@@ -403,6 +415,11 @@ impl Tiered {
     /// # Errors
     /// Either tier's errors.
     pub fn gc(&self) -> Result<PerTier<GcReport>> {
+        let _pass = self
+            .tiers
+            .passes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         Ok(PerTier {
             fast: self.tiers.fast.gc()?,
             durable: self.tiers.durable.gc()?,

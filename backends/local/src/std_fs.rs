@@ -103,13 +103,14 @@ impl FileHandle for StdFile {
 /// that the kernel frees it when the handle closes rather than inside the call that drops its
 /// last name: freeing a 2 GiB file drops its cached pages and releases its blocks, 0.3 to 0.5 s
 /// on the project's machine, up to half of a durable save or the whole of a retention pass
-/// that a training loop waits on. The handle is closed on a thread of its own.
+/// that a training loop waits on. The handle is closed on a thread of its own, so the space
+/// comes back shortly after the call returns, not in it.
 struct Held(#[cfg(target_os = "linux")] Option<File>);
 
 impl Held {
     /// Below this size a file is freed where its name goes: a thread would cost more.
     #[cfg(target_os = "linux")]
-    const FROM: u64 = 64 * 1024 * 1024;
+    const HOLD_FROM_LEN: u64 = 64 * 1024 * 1024;
 
     #[cfg(target_os = "linux")]
     fn open(path: &Path) -> Self {
@@ -121,7 +122,10 @@ impl Held {
             .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
             .open(path)
             .ok()
-            .filter(|file| file.metadata().is_ok_and(|meta| meta.len() >= Self::FROM));
+            .filter(|file| {
+                file.metadata()
+                    .is_ok_and(|meta| meta.len() >= Self::HOLD_FROM_LEN)
+            });
         Self(file)
     }
 

@@ -5,7 +5,7 @@
 //! The limit each row is set against is computed, not run: the bytes over (connections ×
 //! 100 MiB/s), where the connections are the most requests the run had open at once. A copy
 //! into a file system is also set against the lower of that and a save of the same bytes from
-//! memory to that file system, run beside it.
+//! memory to that file system, run in turn with it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,7 +127,7 @@ fn copy_against_limits(
         "    each save of the same bytes from memory to the same file system, seconds: {}",
         seconds(&runs.saves)
     );
-    let lower: Vec<Duration> = runs
+    let slower: Vec<Duration> = runs
         .limits
         .iter()
         .zip(&runs.saves)
@@ -139,7 +139,7 @@ fn copy_against_limits(
         ours: median(runs.times),
         peer: Some((
             "the connections or a save from memory to the same file system, the slower".to_owned(),
-            median(lower),
+            median(slower),
         )),
         bytes,
     });
