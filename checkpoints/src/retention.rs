@@ -12,8 +12,9 @@ use crate::layout;
 use crate::listing::{StepState, StepStatus};
 use crate::record::{ANNOUNCEMENT_VERSION, Announcement, CommitRecord, now_unix_ms, read_json};
 
-/// One value for each tier: a retention policy each ([`Tiered::retain`](crate::Tiered::retain), [`Tiered::with_retention`](crate::Tiered::with_retention)), the steps each
-/// deleted, gc's report for each ([`Tiered::gc`](crate::Tiered::gc)).
+/// One value for each tier: a retention policy each ([`Tiered::retain`](crate::Tiered::retain),
+/// [`Tiered::with_retention`](crate::Tiered::with_retention)), the steps each deleted, gc's
+/// report for each ([`Tiered::gc`](crate::Tiered::gc)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PerTier<T> {
     /// For the fast tier.
