@@ -129,15 +129,12 @@ impl Saving {
         }
     }
 
+    /// Applies the plain run's retention policy; a tiered run's is applied after each
+    /// promotion, off the loop's thread ([`Tiered::with_retention`]).
     fn retain(&self) -> Result<()> {
         match self {
             Self::Plain(checkpoints) => checkpoints.retain(&Retention::keep_last(3)).map(drop),
-            Self::Tiered(tiered) => tiered
-                .retain(&PerTier {
-                    fast: Retention::keep_last(2),
-                    durable: Retention::keep_last(3),
-                })
-                .map(drop),
+            Self::Tiered(_) => Ok(()),
         }
     }
 
@@ -169,10 +166,14 @@ impl Saving {
 fn run(args: &Args) -> Result<u32> {
     let saving = match &args.durable {
         None => Saving::Plain(checkpoints_at(&args.url)?),
-        Some(durable) => Saving::Tiered(Tiered::new(
-            checkpoints_at(&args.url)?,
-            checkpoints_at(durable)?,
-        )),
+        Some(durable) => Saving::Tiered(
+            Tiered::new(checkpoints_at(&args.url)?, checkpoints_at(durable)?).with_retention(
+                PerTier {
+                    fast: Retention::keep_last(2),
+                    durable: Retention::keep_last(3),
+                },
+            ),
+        ),
     };
     // Resume from the newest complete checkpoint, if any.
     let (mut step, mut weights) = match saving.latest()? {
