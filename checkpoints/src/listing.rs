@@ -305,3 +305,11 @@ fn check_present(prefix: &str, record: &CommitRecord, lengths: &BTreeMap<&str, u
     }
     StepState::Complete
 }
+
+/// The complete steps of a listing, oldest first.
+pub(crate) fn complete_steps(list: &[StepStatus]) -> Vec<u64> {
+    list.iter()
+        .filter(|s| s.state == StepState::Complete)
+        .map(|s| s.step)
+        .collect()
+}

@@ -19,7 +19,7 @@ use crate::checkpoints::Checkpoints;
 use crate::copy::create_container;
 use crate::following::{Followed, Head, Heads};
 use crate::layout;
-use crate::listing::StepState;
+use crate::listing::{StepState, complete_steps};
 use crate::record::CommitRecord;
 use crate::retention::{PerTier, Retention};
 
@@ -504,10 +504,9 @@ impl Tiers {
     pub(crate) fn retain(&self, policy: &PerTier<Retention>) -> Result<PerTier<Vec<u64>>> {
         let _pass = self.passes.lock().unwrap_or_else(PoisonError::into_inner);
         let mut doomed = self.fast.retention_plan(&policy.fast)?;
-        let rank_parts: Vec<u64> = self
-            .fast
-            .list()?
-            .into_iter()
+        let listed = self.fast.list()?;
+        let rank_parts: Vec<u64> = listed
+            .iter()
             .filter(|s| s.state == StepState::Uncommitted && s.ranks.is_some())
             .map(|s| s.step)
             .collect();
@@ -519,12 +518,20 @@ impl Tiers {
         // Pending steps are known under the lock; the deletes run outside it, or every save
         // queueing its promotion meanwhile would wait for them. A step queued after this is
         // almost always a newer save's, or the newest trusted one (resuming). One that meets
-        // its deletion (an explicit `promote` of a doomed step, or a resumed run whose newest
-        // fast step is torn) fails, or lands with every byte checked against the record read
-        // before: the durable tier never commits other bytes.
+        // its deletion (an explicit `promote` of a doomed step) fails, or lands with every byte
+        // checked against the record read before: the durable tier never commits other bytes.
+        //
+        // The newest fast step not known to be torn is the one `latest` serves a resumed run,
+        // which may still be reading it: it stays, even where the policy, counting a torn step
+        // above it as complete, would delete it. Without a torn step, no policy deletes it. A pass
+        // that ran before `latest` found the tear cannot know of it, and may still delete it.
         {
             let queue = self.promoter.lock();
-            doomed.retain(|&step| !queue.is_pending(step));
+            let served = complete_steps(&listed)
+                .into_iter()
+                .rev()
+                .find(|step| !queue.torn.contains(step));
+            doomed.retain(|&step| !queue.is_pending(step) && Some(step) != served);
         }
         self.fast.delete_steps(&doomed)?;
         let durable = self.durable.retain(&policy.durable)?;

@@ -10,7 +10,7 @@ use weightbay::{Result, Writer};
 use crate::background::SaveHandle;
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
-use crate::listing::{StepState, StepStatus};
+use crate::listing::{StepState, StepStatus, complete_steps};
 use crate::promotion::{Job, Promoter, Promotion, PromotionState, Tiers};
 use crate::ranks::{RankOutcome, RankSave};
 use crate::record::CommitRecord;
@@ -375,7 +375,9 @@ impl Tiered {
 
     /// Deletes, on each tier, the committed checkpoints its policy does not keep (as
     /// [`Checkpoints::retain`]), except that the fast tier keeps every step whose promotion
-    /// waits or is being copied. On the fast tier, rank parts of steps it never committed
+    /// waits or is being copied, and the newest step not found torn (the one
+    /// [`latest`](Self::latest) serves when a newer one is torn, which a policy counting the
+    /// torn one would delete). On the fast tier, rank parts of steps it never committed
     /// (each node saving to a disk of its own) go once the durable tier's newest complete
     /// checkpoint is as new as they are. Returns the steps deleted on each.
     ///
@@ -425,12 +427,4 @@ impl Tiered {
             durable: self.tiers.durable.gc()?,
         })
     }
-}
-
-/// The complete steps of a listing, oldest first.
-fn complete_steps(list: &[StepStatus]) -> Vec<u64> {
-    list.iter()
-        .filter(|s| s.state == StepState::Complete)
-        .map(|s| s.step)
-        .collect()
 }

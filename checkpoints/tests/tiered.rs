@@ -432,19 +432,15 @@ fn a_retention_policy_runs_after_each_promotion_and_flush_reports_a_failed_pass(
     assert_eq!(tiered.durable().steps().unwrap(), [5, 6]);
 }
 
-#[test]
-fn a_torn_fast_copy_is_passed_over_and_a_resumed_run_promotes_the_newest() {
-    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
-    let first = tiers_over(&fast, &remote, Promotion::newest_only());
-    first.save(1, Writer::new(model(1))).unwrap();
-    first.flush().unwrap();
-    // Saved on the fast tier by a run killed before promoting them.
-    for step in [2, 3] {
-        first.fast().save(step, Writer::new(model(step))).unwrap();
-    }
-    // One bit of step 3's container flips on the local disk; its length stays.
-    let record = first.fast().open(3).unwrap().record().clone();
-    let key = format!("{}/{}", first.fast().step_dir(3), record.containers[0].key);
+/// Flips one bit of `step`'s container on the fast tier, as a local disk might; its length
+/// stays.
+fn tear(fast: &MemoryStorage, checkpoints: &Checkpoints, step: u64) {
+    let record = checkpoints.open(step).unwrap().record().clone();
+    let key = format!(
+        "{}/{}",
+        checkpoints.step_dir(step),
+        record.containers[0].key
+    );
     let mut bytes = fast
         .open(&key)
         .unwrap()
@@ -458,6 +454,19 @@ fn a_torn_fast_copy_is_passed_over_and_a_resumed_run_promotes_the_newest() {
     let mut sink = fast.create(&key, &options).unwrap();
     sink.write(&bytes).unwrap();
     sink.commit().unwrap();
+}
+
+#[test]
+fn a_torn_fast_copy_is_passed_over_and_a_resumed_run_promotes_the_newest() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let first = tiers_over(&fast, &remote, Promotion::newest_only());
+    first.save(1, Writer::new(model(1))).unwrap();
+    first.flush().unwrap();
+    // Saved on the fast tier by a run killed before promoting them.
+    for step in [2, 3] {
+        first.fast().save(step, Writer::new(model(step))).unwrap();
+    }
+    tear(&fast, first.fast(), 3);
 
     let resumed = tiers_over(&fast, &remote, Promotion::newest_only());
     let latest = resumed.latest().unwrap().unwrap();
@@ -474,6 +483,29 @@ fn a_torn_fast_copy_is_passed_over_and_a_resumed_run_promotes_the_newest() {
     assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
     assert_eq!(resumed.latest().unwrap().unwrap().step(), 2);
     assert_eq!(resumed.durable().steps().unwrap(), [1, 2]);
+}
+
+#[test]
+fn retention_keeps_the_step_a_resumed_run_is_served_below_a_torn_one() {
+    let (fast, remote) = (Arc::new(MemoryStorage::new()), Remote::default());
+    let first = tiers_over(&fast, &remote, Promotion::newest_only());
+    // Saved on the fast tier by a run killed before promoting them; the newest is torn.
+    for step in [1, 2, 3] {
+        first.fast().save(step, Writer::new(model(step))).unwrap();
+    }
+    tear(&fast, first.fast(), 3);
+
+    let resumed = tiers_over(&fast, &remote, Promotion::newest_only()).with_retention(PerTier {
+        fast: Retention::keep_last(1),
+        durable: Retention::keep_last(1),
+    });
+    assert_eq!(resumed.latest().unwrap().unwrap().step(), 2);
+    // The promotion `latest` queued ends, and the pass after it runs: a policy counting the
+    // torn step 3 as the one to keep would delete step 2 under the run reading it.
+    resumed.flush().unwrap();
+    assert_eq!(resumed.fast().steps().unwrap(), [2, 3]);
+    assert_eq!(weights(resumed.fast(), 2), vec![2.0; 256]);
+    assert_eq!(resumed.durable().steps().unwrap(), [2]);
 }
 
 #[test]
