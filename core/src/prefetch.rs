@@ -10,10 +10,11 @@
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::Range;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use crate::weights::{StoredTensor, TensorAllocator, WeightSource};
-use crate::{Error, ErrorKind, Result};
+use crate::weights::{StoredTensor, TensorAllocator, WeightSource, allocate, writable};
+use crate::{Bytes, Error, ErrorKind, Result};
 
 /// Batches fetched at once, each a sixteenth of the budget: with an object store's default
 /// budget (256 MiB) and request length (16 MiB), one request per batch and sixteen in flight,
@@ -51,9 +52,14 @@ pub enum PrefetchPlan {
 /// Made with [`landing_in`](Self::landing_in), it fetches each tensor straight into memory a
 /// [`TensorAllocator`] gives (a framework's own tensor storage), so the consumer takes the
 /// allocation back ([`Bytes::into_allocation`](crate::Bytes::into_allocation)) instead of
-/// copying the bytes once more. The budget then bounds the batches in flight alone: tensors
-/// fetched and not yet asked for are the consumer's own memory, and up to another budget of
-/// them waits beside it.
+/// copying the bytes once more. Everything fetched ahead is then the consumer's own memory,
+/// and the budget paces the reads instead: a batch starts whenever the reads open are under
+/// it (so they may pass it by one batch), and what is fetched ahead, in flight or not yet
+/// asked for, stays within two budgets. A tensor of one and a half batches or more (an
+/// embedding table) is then read in parts of about a batch, each started as a batch would be,
+/// ahead of the batches after it, where the source can read part of a tensor
+/// ([`WeightSource::lazy_tensor`]): held whole, it would hold the room of all its reads until
+/// the last one is in.
 ///
 /// A batch that fails is not an error until its tensors are asked for: each is then read
 /// alone, and that read's error is the one returned, naming the tensor.
@@ -66,8 +72,13 @@ pub struct Prefetched<W: WeightSource + 'static> {
 struct Shared<W> {
     weights: W,
     budget: u64,
+    /// Bytes a batch holds: a sixteenth of the budget.
+    batch_bytes: u64,
     /// Where fetched tensors land, when the consumer gave memory of its own.
     allocator: Option<Arc<dyn TensorAllocator>>,
+    /// The tensors read in parts at once ([`Shared::fetch_parts`]), with bytes read as they are
+    /// accessed.
+    lazy: HashMap<String, StoredTensor>,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -89,17 +100,21 @@ struct State {
     taken: HashSet<String>,
     /// Bytes of the batches in flight.
     in_flight_bytes: u64,
+    /// Bytes of the reads open for batches in flight: all of a batch's, or the parts of a
+    /// tensor read in parts that have started and not ended.
+    reading_bytes: u64,
     /// Bytes of the tensors ready.
     ready_bytes: u64,
+    /// Parts of a tensor read in parts waiting for room: batches not started wait behind them.
+    parts_waiting: usize,
     /// The consumer dropped the prefetcher: workers end after their batch.
     stopped: bool,
 }
 
 impl State {
     /// Takes batch `number` out of the plan (when not started yet) and marks it in flight,
-    /// leaving out what the consumer read itself; its bytes count against the budget when
-    /// `counted`.
-    fn start(&mut self, number: usize, counted: bool) -> Option<Batch> {
+    /// leaving out what the consumer read itself.
+    fn start(&mut self, number: usize) -> Option<Batch> {
         let at = self.plan.binary_search_by_key(&number, |(n, _)| *n).ok()?;
         let (_, batch) = self.plan.remove(at)?;
         let batch: Batch = batch
@@ -109,9 +124,6 @@ impl State {
                 !self.taken.contains(name)
             })
             .collect();
-        if counted {
-            self.in_flight_bytes += batch.iter().map(|(_, len)| len).sum::<u64>();
-        }
         self.in_flight
             .extend(batch.iter().map(|(name, _)| name.clone()));
         Some(batch)
@@ -156,11 +168,26 @@ impl<W: WeightSource + 'static> Prefetched<W> {
         budget: u64,
         allocator: Option<Arc<dyn TensorAllocator>>,
     ) -> Result<Self> {
-        let batches = if budget == 0 {
+        let batch_bytes = budget / WORKERS as u64;
+        let tensors = if budget == 0 {
             Vec::new()
         } else {
-            batches(ordered(&weights, plan), budget / WORKERS as u64)
+            ordered(&weights, plan)
         };
+        // Only landed in the consumer's memory: read in parts, a tensor needs its whole memory
+        // before its first part starts, which the consumer's allocator gives.
+        let lazy: HashMap<String, StoredTensor> = match allocator {
+            Some(_) => tensors
+                .iter()
+                .filter(|(_, len)| parts(*len, batch_bytes).len() > 1)
+                .filter_map(|(name, _)| {
+                    let lazy = weights.lazy_tensor(name).ok().flatten()?;
+                    Some((name.clone(), lazy))
+                })
+                .collect(),
+            None => HashMap::new(),
+        };
+        let batches = batches(tensors, batch_bytes, |name| lazy.contains_key(name));
         let workers = batches.len().min(WORKERS);
         let planned = batches
             .iter()
@@ -170,7 +197,9 @@ impl<W: WeightSource + 'static> Prefetched<W> {
         let shared = Arc::new(Shared {
             weights,
             budget,
+            batch_bytes,
             allocator,
+            lazy,
             state: Mutex::new(State {
                 plan: batches.into_iter().enumerate().collect(),
                 planned,
@@ -215,17 +244,27 @@ impl<W: WeightSource> Shared<W> {
     }
 
     /// Whether a batch of `size` bytes may start: always when nothing is held, else when the
-    /// batches in flight and the tensors ready stay within the budget. Landed in the
-    /// consumer's own memory ([`Prefetched::landing_in`]), a ready tensor is memory the consumer
-    /// keeps anyway, not a buffer of the prefetcher's: the budget then bounds the batches in
-    /// flight alone, and the ready tensors wait beside them up to another budget, so a consumer
-    /// a little behind does not leave connections idle.
+    /// batches in flight and the tensors ready stay within the budget.
+    ///
+    /// Landed in the consumer's own memory ([`Prefetched::landing_in`]), a batch in flight or a
+    /// ready tensor is memory the consumer keeps anyway, not a buffer of the prefetcher's: the
+    /// budget then paces the reads instead. A batch starts whenever the reads open are under
+    /// the budget, so a batch larger than the room left does not leave connections idle while
+    /// the batches ahead of it drain; and what is fetched ahead, in flight or ready, stays
+    /// within two budgets, so a consumer a little behind does not leave connections idle
+    /// either.
     fn has_room(&self, state: &State, size: u64) -> bool {
-        let (held, ready_fits) = match self.allocator {
-            Some(_) => (state.in_flight_bytes, state.ready_bytes <= self.budget),
-            None => (state.in_flight_bytes + state.ready_bytes, true),
-        };
-        ready_fits && (held == 0 || held.saturating_add(size) <= self.budget)
+        let held = state.in_flight_bytes + state.ready_bytes;
+        if held == 0 {
+            return true;
+        }
+        match self.allocator {
+            Some(_) => {
+                state.reading_bytes < self.budget
+                    && held.saturating_add(size) <= self.budget.saturating_mul(2)
+            }
+            None => held.saturating_add(size) <= self.budget,
+        }
     }
 
     /// A worker: fetches the next batch whenever the budget has room, until the plan is done
@@ -240,23 +279,42 @@ impl<W: WeightSource> Shared<W> {
                 return;
             };
             let size: u64 = next.iter().map(|(_, len)| len).sum();
-            if !self.has_room(&state, size) {
+            if state.parts_waiting > 0 || !self.has_room(&state, size) {
                 state = self.wait(state);
                 continue;
             }
             let number = *number;
-            let batch = state.start(number, true).unwrap_or_default();
+            let batch = state.start(number).unwrap_or_default();
+            state.in_flight_bytes += batch.iter().map(|(_, len)| len).sum::<u64>();
+            state.reading_bytes += self.first_read(&batch);
             state = self.fetch(state, batch, true);
         }
     }
 
-    /// Fetches a started batch without holding the lock, and files what came back.
+    /// The bytes of the first read of `batch` as it starts: all of them, or the first part of
+    /// a tensor read in parts.
+    fn first_read(&self, batch: &Batch) -> u64 {
+        match batch.as_slice() {
+            [(name, len)] if self.lazy.contains_key(name) => parts(*len, self.batch_bytes)
+                .first()
+                .map_or(0, |part| part.end - part.start),
+            _ => batch.iter().map(|(_, len)| len).sum(),
+        }
+    }
+
+    /// Fetches a started batch without holding the lock, and files what came back; its bytes
+    /// and its reads count against the budget when `counted`.
     fn fetch<'a>(
         &'a self,
         state: MutexGuard<'a, State>,
         batch: Batch,
         counted: bool,
     ) -> MutexGuard<'a, State> {
+        if let [(name, len)] = batch.as_slice()
+            && self.lazy.contains_key(name)
+        {
+            return self.fetch_parts(state, name.clone(), *len, counted);
+        }
         drop(state);
         let names: Vec<String> = batch.iter().map(|(name, _)| name.clone()).collect();
         let fetched = self.read(&names);
@@ -267,6 +325,7 @@ impl<W: WeightSource> Shared<W> {
                     state.in_flight.remove(&name);
                     if counted {
                         state.in_flight_bytes -= len;
+                        state.reading_bytes -= len;
                     }
                     if let Some(stored) = stored
                         && !state.taken.contains(&name)
@@ -282,12 +341,124 @@ impl<W: WeightSource> Shared<W> {
                     state.in_flight.remove(name);
                     if counted {
                         state.in_flight_bytes -= len;
+                        state.reading_bytes -= len;
                     }
                 }
             }
         }
         self.changed.notify_all();
         state
+    }
+
+    /// Fetches tensor `name`, `len` bytes, in parts at once into one allocation of the
+    /// consumer's, each part started when the reads open are under the budget, ahead of
+    /// batches not started (the first part as its batch started, counted when `counted`); and
+    /// files it.
+    fn fetch_parts<'a>(
+        &'a self,
+        state: MutexGuard<'a, State>,
+        name: String,
+        len: u64,
+        counted: bool,
+    ) -> MutexGuard<'a, State> {
+        drop(state);
+        let landed = self.read_parts(&name, counted);
+        let mut state = self.lock();
+        state.in_flight.remove(&name);
+        if counted {
+            state.in_flight_bytes -= len;
+        }
+        // A part that failed is not an error until the tensor is asked for: it is then read
+        // alone, and that read's error is the one returned.
+        if let Ok(stored) = landed
+            && !state.taken.contains(&name)
+        {
+            state.ready.insert(name, (stored, len));
+            state.ready_bytes += len;
+        }
+        self.changed.notify_all();
+        state
+    }
+
+    /// Reads tensor `name` in parts, each on a thread of its own, into the allocator's memory.
+    fn read_parts(&self, name: &str, first_counted: bool) -> Result<StoredTensor> {
+        let (Some(lazy), Some(allocator)) = (self.lazy.get(name), &self.allocator) else {
+            return Err(Error::new(ErrorKind::Io, "not a tensor read in parts").with_tensor(name));
+        };
+        let len = lazy.bytes.len();
+        let mut allocation = allocate(allocator.as_ref(), name, &lazy.dtype, &lazy.shape, len)?;
+        let memory = writable(allocation.as_mut(), name, len)?;
+        let read = std::thread::scope(|scope| {
+            let mut rest = memory;
+            let mut reading = Vec::new();
+            let mut started = Ok(());
+            for (i, part) in parts(len as u64, self.batch_bytes).into_iter().enumerate() {
+                let part_len = part.end - part.start;
+                let counted = i > 0 || first_counted;
+                if i > 0 && !self.claim_part(part_len) {
+                    started = Err(Error::new(ErrorKind::Io, "the prefetcher was dropped"));
+                    break;
+                }
+                // The parts tile the tensor in order, so each is the front of what is left.
+                let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(part_len as usize);
+                rest = tail;
+                let spawned = std::thread::Builder::new()
+                    .name("weightbay-prefetch-part".into())
+                    .spawn_scoped(scope, move || {
+                        let read = lazy.bytes.read_at(part.start as usize, chunk);
+                        if counted {
+                            self.release(part_len);
+                        }
+                        read
+                    });
+                match spawned {
+                    Ok(thread) => reading.push(thread),
+                    Err(e) => {
+                        if counted {
+                            self.release(part_len);
+                        }
+                        started = Err(Error::io("starting a prefetch thread", e));
+                        break;
+                    }
+                }
+            }
+            reading.into_iter().fold(started, |result, thread| {
+                let read = thread.join().unwrap_or_else(|_| {
+                    Err(Error::new(ErrorKind::Io, "a prefetch thread panicked"))
+                });
+                result.and(read)
+            })
+        });
+        read.map_err(|e| e.with_tensor(name))?;
+        Ok(StoredTensor {
+            dtype: lazy.dtype.clone(),
+            shape: lazy.shape.clone(),
+            bytes: Bytes::from_controller(allocation),
+        })
+    }
+
+    /// Waits until a part of `len` bytes may start (the reads open under the budget) and
+    /// counts its read; batches not started wait behind it. `false` when the prefetcher was
+    /// dropped.
+    fn claim_part(&self, len: u64) -> bool {
+        let mut state = self.lock();
+        state.parts_waiting += 1;
+        while !state.stopped && state.reading_bytes >= self.budget {
+            state = self.wait(state);
+        }
+        state.parts_waiting -= 1;
+        let stopped = state.stopped;
+        if !stopped {
+            state.reading_bytes += len;
+        }
+        self.changed.notify_all();
+        !stopped
+    }
+
+    /// Gives back the room of a part's read that ended.
+    fn release(&self, len: u64) {
+        self.lock().reading_bytes -= len;
+        self.changed.notify_all();
     }
 
     /// The fetched tensor `name`, after waiting for its batch (or fetching it, when it has not
@@ -308,7 +479,7 @@ impl<W: WeightSource> Shared<W> {
             // The consumer waits for this batch: it runs on the consumer's thread at once, and
             // does not take the room of the batches ahead of it (the one batch beyond the
             // budget that memory may hold).
-            match number.and_then(|number| state.start(number, false)) {
+            match number.and_then(|number| state.start(number)) {
                 Some(batch) => state = self.fetch(state, batch, false),
                 None => {
                     state.taken.insert(name.to_owned());
@@ -424,23 +595,47 @@ fn ordered<W: WeightSource>(weights: &W, plan: PrefetchPlan) -> Vec<(String, u64
 /// `tensors` cut into consecutive batches of at most `batch_bytes` (a larger tensor alone),
 /// except that a batch under a sixteenth of that (norms, biases) takes the next tensor along
 /// however large: small tensors ride with a large one instead of paying a request of their
-/// own.
-fn batches(tensors: Vec<(String, u64)>, batch_bytes: u64) -> Vec<Batch> {
+/// own. A tensor read in parts (`in_parts`) is a batch of its own.
+fn batches(
+    tensors: Vec<(String, u64)>,
+    batch_bytes: u64,
+    in_parts: impl Fn(&str) -> bool,
+) -> Vec<Batch> {
     let mut out = Vec::new();
     let mut batch: Batch = Vec::new();
     let mut size = 0u64;
     for (name, len) in tensors {
-        if !batch.is_empty() && size >= batch_bytes / 16 && size.saturating_add(len) > batch_bytes {
+        let alone = in_parts(&name);
+        let full = size >= batch_bytes / 16 && size.saturating_add(len) > batch_bytes;
+        if !batch.is_empty() && (alone || full) {
             out.push(std::mem::take(&mut batch));
             size = 0;
         }
         size = size.saturating_add(len);
         batch.push((name, len));
+        if alone {
+            out.push(std::mem::take(&mut batch));
+            size = 0;
+        }
     }
     if !batch.is_empty() {
         out.push(batch);
     }
     out
+}
+
+/// The parts a tensor of `len` bytes is read in: as many as `batch_bytes` divides it into,
+/// rounded to the nearest (at least one), of equal length, as an object store cuts a long
+/// range into requests.
+fn parts(len: u64, batch_bytes: u64) -> Vec<Range<u64>> {
+    let batch_bytes = batch_bytes.max(1);
+    let count =
+        (len / batch_bytes + u64::from(len % batch_bytes >= batch_bytes.div_ceil(2))).max(1);
+    let part = len.div_ceil(count).max(1);
+    (0..count)
+        .map(|i| i.saturating_mul(part).min(len)..(i + 1).saturating_mul(part).min(len))
+        .filter(|part| !part.is_empty())
+        .collect()
 }
 
 /// Compares names with runs of digits compared as numbers (`a.2` < `a.10`), otherwise bytewise.
@@ -524,7 +719,7 @@ mod tests {
             .enumerate()
             .map(|(i, &len)| (format!("t{i}"), len))
             .collect();
-        batches(tensors, batch_bytes)
+        batches(tensors, batch_bytes, |name| name == "t9")
             .into_iter()
             .map(|b| b.into_iter().map(|(_, len)| len).collect())
             .collect()
@@ -541,5 +736,24 @@ mod tests {
             cut(&[1, 100, 1, 50, 50], 64),
             [vec![1, 100], vec![1, 50], vec![50]]
         );
+        // Except one read in parts (`t9` here), which is a batch of its own.
+        let mut lens = vec![1; 9];
+        lens.extend([1000, 1]);
+        assert_eq!(cut(&lens, 640), [vec![1; 9], vec![1000], vec![1]]);
+    }
+
+    #[test]
+    fn parts_are_even_and_about_a_batch() {
+        let lens = |parts: Vec<Range<u64>>| -> Vec<u64> {
+            parts.into_iter().map(|p| p.end - p.start).collect()
+        };
+        assert_eq!(
+            lens(parts(156, 16)),
+            [16, 16, 16, 16, 16, 16, 16, 16, 16, 12]
+        );
+        // Up to half a batch over is one part, not a second that pays a round trip for little.
+        assert_eq!(lens(parts(23, 16)), [23]);
+        assert_eq!(lens(parts(24, 16)), [12, 12]);
+        assert_eq!(lens(parts(0, 16)), Vec::<u64>::new());
     }
 }

@@ -276,6 +276,14 @@ impl WeightSource for ShardedWeights {
         self.weight_map.contains_key(name)
     }
 
+    /// As its shard's [`Reader`] gives it.
+    fn lazy_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        match self.weight_map.get(name) {
+            Some(file) => self.shard(file)?.lazy_tensor(name),
+            None => Ok(None),
+        }
+    }
+
     /// Opens every shard (one header read each) to learn the tensors' lengths.
     fn catalog(&self) -> Result<Vec<(String, u64)>> {
         let files: std::collections::BTreeSet<&String> = self.weight_map.values().collect();

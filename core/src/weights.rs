@@ -3,9 +3,13 @@
 //! component, checked against the component's declared shape and encoding.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::bytes::RetainedHostMemoryRegion;
-use crate::{AllocationController, Bytes, DType, Error, ErrorKind, Reader, Result};
+use crate::lazy::lazy_bytes;
+use crate::{
+    AllocationController, AllocationProperty, Bytes, DType, Error, ErrorKind, Reader, Result,
+};
 
 /// How a component's elements are stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,6 +242,19 @@ pub trait WeightSource: Send + Sync {
         self.stored_tensor(name).is_ok_and(|t| t.is_some())
     }
 
+    /// The checkpoint tensor `name` with bytes read as they are accessed, so that a consumer
+    /// reading a large tensor in parts at once ([`Prefetched`](crate::Prefetched) landing in
+    /// its consumer's memory) pays one read per part: [`Bytes::read_at`] on them reads that
+    /// part from the backing. `None`, the default, where the source cannot put off the read:
+    /// the tensor is then read whole.
+    ///
+    /// # Errors
+    /// The backing's errors.
+    fn lazy_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let _ = name;
+        Ok(None)
+    }
+
     /// Every checkpoint tensor's name and byte length, for a consumer that plans reads ahead
     /// ([`Prefetched`](crate::Prefetched) with
     /// [`PrefetchPlan::All`](crate::PrefetchPlan::All)). The default lists none.
@@ -376,6 +393,29 @@ impl WeightSource for Reader {
         self.tensor(name).is_ok()
     }
 
+    /// On a source that gains from reading ahead ([`Source::fetch_ahead`](crate::Source::fetch_ahead)
+    /// above 0, an object store), the tensor as a lazy range of the source, each
+    /// [`Bytes::read_at`] one [`Source::read_at`](crate::Source::read_at); elsewhere `None`:
+    /// a local tensor costs no more read whole.
+    fn lazy_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let Ok(info) = self.tensor(name) else {
+            return Ok(None);
+        };
+        if self.source().fetch_ahead() == 0 {
+            return Ok(None);
+        }
+        let bytes = lazy_bytes(
+            Arc::clone(self.source()),
+            info.range(),
+            AllocationProperty::Remote,
+        )?;
+        Ok(Some(StoredTensor {
+            dtype: info.dtype().clone(),
+            shape: info.shape().to_vec(),
+            bytes,
+        }))
+    }
+
     fn catalog(&self) -> Result<Vec<(String, u64)>> {
         Ok(self
             .tensors()
@@ -454,7 +494,7 @@ impl WeightSource for Reader {
 }
 
 /// An allocation for tensor `name`, with the allocator's error naming it.
-fn allocate(
+pub(crate) fn allocate(
     allocator: &dyn TensorAllocator,
     name: &str,
     dtype: &DType,
@@ -468,7 +508,7 @@ fn allocate(
 
 /// The allocation's writable memory, checked to be `len` bytes ([`TensorAllocator`]'s
 /// contract).
-fn writable<'a>(
+pub(crate) fn writable<'a>(
     allocation: &'a mut dyn AllocationController,
     name: &str,
     len: usize,

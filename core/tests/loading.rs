@@ -2,8 +2,9 @@
 //! one tensor at a time, and [`Reader::stage`] streaming through a reused [`StagingPool`].
 
 use std::ops::Range;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use weightbay::{
     AccessPolicy, AllocationController, AllocationProperty, Bytes, DType, ErrorKind, MemorySource,
@@ -12,7 +13,7 @@ use weightbay::{
 };
 
 /// A memory source that gains from reading ahead, as an object store does, and counts its
-/// batched reads and the bytes they asked for.
+/// batched reads and the bytes all reads asked for.
 #[derive(Debug)]
 struct Remote {
     inner: MemorySource,
@@ -28,6 +29,7 @@ impl Source for Remote {
         self.inner.len()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+        self.fetched.fetch_add(buf.len() as u64, Ordering::SeqCst);
         self.inner.read_at(offset, buf)
     }
     fn fetch(&self, ranges: &[Range<u64>]) -> weightbay::Result<Vec<Bytes>> {
@@ -117,7 +119,10 @@ fn remote(count: usize, len: usize, ahead: u64) -> (Reader, Arc<Remote>) {
         refuse_batches: false,
         fetched: AtomicU64::new(0),
     });
-    (Reader::open(source.clone()).unwrap(), source)
+    let reader = Reader::open(source.clone()).unwrap();
+    // Only what is read after the header counts.
+    source.fetched.store(0, Ordering::SeqCst);
+    (reader, source)
 }
 
 fn value(weights: &impl WeightSource, name: &str) -> Vec<u8> {
@@ -262,6 +267,143 @@ fn landed_tensors_wait_beside_the_budget_in_flight_up_to_another_budget() {
         ahead <= 20_000,
         "{ahead} bytes fetched ahead of a 10,000-byte budget"
     );
+}
+
+/// A remote source whose reads, once `armed` (after the header is read), each wait up to five
+/// seconds until `want` of them have been open at once; it records the most that were and
+/// counts the batched reads and the single ones done.
+#[derive(Debug)]
+struct Rendezvous {
+    inner: MemorySource,
+    ahead: u64,
+    want: usize,
+    armed: AtomicBool,
+    open: Mutex<usize>,
+    changed: Condvar,
+    most_open: AtomicUsize,
+    batched: AtomicUsize,
+    single: AtomicUsize,
+}
+
+impl Rendezvous {
+    fn new(count: usize, len: usize, ahead: u64, want: usize) -> (Reader, Arc<Self>) {
+        let source = Arc::new(Self {
+            inner: MemorySource::new(container(count, len)),
+            ahead,
+            want,
+            armed: AtomicBool::new(false),
+            open: Mutex::new(0),
+            changed: Condvar::new(),
+            most_open: AtomicUsize::new(0),
+            batched: AtomicUsize::new(0),
+            single: AtomicUsize::new(0),
+        });
+        let reader = Reader::open(source.clone()).unwrap();
+        source.armed.store(true, Ordering::SeqCst);
+        (reader, source)
+    }
+
+    /// Runs `read` once `want` reads have been open at once (or five seconds passed).
+    fn meet(
+        &self,
+        done: &AtomicUsize,
+        read: impl FnOnce() -> weightbay::Result<()>,
+    ) -> weightbay::Result<()> {
+        let mut open = self.open.lock().unwrap();
+        *open += 1;
+        self.most_open.fetch_max(*open, Ordering::SeqCst);
+        self.changed.notify_all();
+        let (open, _) = self
+            .changed
+            .wait_timeout_while(open, Duration::from_secs(5), |_| {
+                self.most_open.load(Ordering::SeqCst) < self.want
+            })
+            .unwrap();
+        drop(open);
+        let read = read();
+        *self.open.lock().unwrap() -= 1;
+        done.fetch_add(1, Ordering::SeqCst);
+        read
+    }
+}
+
+impl Source for Rendezvous {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+        if !self.armed.load(Ordering::SeqCst) {
+            return self.inner.read_at(offset, buf);
+        }
+        self.meet(&self.single, || self.inner.read_at(offset, buf))
+    }
+    fn fetch_into(&self, jobs: &mut [(u64, &mut [u8])]) -> weightbay::Result<()> {
+        self.meet(&self.batched, || self.inner.fetch_into(jobs))
+    }
+    fn fetch_ahead(&self) -> u64 {
+        self.ahead
+    }
+}
+
+/// A prefetcher landing in a consumer's memory, over a [`Rendezvous`] of `count` tensors of
+/// `len` bytes with a budget of `ahead` whose reads wait for `reads` of them, once those reads
+/// are done: nothing is asked for until then, so only the prefetcher reads.
+fn landed_after_reads(
+    count: usize,
+    len: usize,
+    ahead: u64,
+    reads: usize,
+) -> (Prefetched<Reader>, Arc<Rendezvous>) {
+    let (reader, source) = Rendezvous::new(count, len, ahead, reads);
+    let prefetched =
+        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep { short: false })).unwrap();
+    let done = || source.batched.load(Ordering::SeqCst) + source.single.load(Ordering::SeqCst);
+    wait_for(|| done() == reads, "the reads to be done");
+    (prefetched, source)
+}
+
+#[test]
+fn a_landed_batch_larger_than_the_room_left_starts_beside_the_batches_in_flight() {
+    // Twelve tensors of 140 bytes against a 1,600-byte budget (batches of 100 bytes, so each
+    // tensor is one): the twelfth does not fit beside the other eleven, but landed in the
+    // consumer's memory it needs no room of the prefetcher's, and waiting for the others to
+    // drain would leave a connection idle.
+    let (prefetched, source) = landed_after_reads(12, 140, 1600, 12);
+    assert_eq!(source.batched.load(Ordering::SeqCst), 12, "batched reads");
+    for i in 0..12 {
+        assert_eq!(
+            value(&prefetched, &format!("layers.{i}.w")),
+            vec![i as u8; 140]
+        );
+    }
+    assert_eq!(
+        source.most_open.load(Ordering::SeqCst),
+        12,
+        "batched reads open at once"
+    );
+}
+
+#[test]
+fn a_landed_tensor_of_many_batches_is_read_in_parts_at_once() {
+    // One tensor of 1,000 bytes against a 1,600-byte budget: ten batches' worth, read as ten
+    // reads of 100 bytes, all open at once, into one allocation of the consumer's.
+    let (prefetched, source) = landed_after_reads(1, 1000, 1600, 10);
+    let stored = prefetched.stored_tensor("layers.0.w").unwrap().unwrap();
+    let Ok(Owned(bytes)) = stored.bytes.into_allocation::<Owned>() else {
+        panic!("the tensor did not land in the allocator's memory");
+    };
+    assert_eq!(bytes, vec![0; 1000]);
+    assert_eq!(
+        source.most_open.load(Ordering::SeqCst),
+        10,
+        "parts read at once"
+    );
+    assert_eq!(
+        source.single.load(Ordering::SeqCst),
+        10,
+        "reads of a part each"
+    );
+    assert_eq!(source.batched.load(Ordering::SeqCst), 0, "batched reads");
 }
 
 /// Spins until `done`, failing the test if it never happens.

@@ -12,6 +12,7 @@ use weightbay::{CreateOptions, PrefetchPlan, Prefetched, Reader, Sink, Source, S
 use weightbay_candle::{WeightbayBackend, save_tensors, save_var_map};
 use weightbay_local::LocalStorage;
 use weightbay_mmap::MmapStorage;
+use weightbay_object_store::ObjectStoreOptions;
 
 /// A small MLP: 64 → 256 → 32.
 struct Mlp {
@@ -245,7 +246,9 @@ impl Deep {
 
 /// Built from `s3://` through a proxy that adds 20 ms before each request, as a cloud store
 /// would: prefetched (into buffers of the fetch's, or into candle's own memory), the model
-/// constructor's 24 asks become a few batched requests; without, one request each. Counted by the proxy, so the prefetch is real, not a timing claim.
+/// constructor's 24 asks become a few batched requests; without, one request each. Counted
+/// by the proxy, so the prefetch is real, not a timing claim. With a fetch budget of 1 MiB
+/// (batches of 64 KiB), each 256 KiB weight lands in candle's memory in four ranged reads.
 #[test]
 fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
     const LAYERS: usize = 12;
@@ -268,11 +271,16 @@ fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
     save_var_map(&varmap, Format::Safetensors, &storage, "deep.safetensors").unwrap();
     let tensors = 2 * LAYERS as u64;
 
+    let small_budget = storage
+        .clone()
+        .with_options(ObjectStoreOptions::DEFAULT.with_fetch_budget(1 << 20));
+
     // 0: one tensor at a time; 1: prefetched into the fetch's buffers; 2: prefetched into
-    // candle's own memory.
+    // candle's own memory; 3: the same with the small budget.
     let load = |how: u8| {
         let before = proxy.count("requests");
-        let reader = Reader::open_key(&storage, "deep.safetensors").unwrap();
+        let from = if how == 3 { &small_budget } else { &storage };
+        let reader = Reader::open_key(from, "deep.safetensors").unwrap();
         let backend: Box<dyn candle_nn::var_builder::SimpleBackend> = match how {
             0 => Box::new(WeightbayBackend::new(reader)),
             1 => Box::new(WeightbayBackend::new(
@@ -287,9 +295,17 @@ fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
     let (sequential, one_by_one) = load(0);
     let (prefetched, batched) = load(1);
     let (landed, batched_landing) = load(2);
+    let (in_parts, parts) = load(3);
     assert_eq!(sequential.outputs(), saved.outputs());
     assert_eq!(prefetched.outputs(), saved.outputs());
     assert_eq!(landed.outputs(), saved.outputs());
+    assert_eq!(in_parts.outputs(), saved.outputs());
+    // Four parts per weight, at most one batch per bias, and the open.
+    let layers = LAYERS as u64;
+    assert!(
+        (4 * layers..=5 * layers + 1).contains(&parts),
+        "{parts} requests for {layers} weights read in four parts each"
+    );
     assert!(
         batched_landing <= 3,
         "{batched_landing} requests prefetched into candle's memory, {one_by_one} one by one"
