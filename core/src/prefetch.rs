@@ -23,6 +23,10 @@ use crate::{Bytes, Error, ErrorKind, Result};
 /// slowest request of each.
 const WORKERS: usize = 16;
 
+/// The shortest part a tensor is read in: below it, a request's round trip takes longer than
+/// its bytes, and the tensor is read whole.
+const MIN_PART: u64 = 64 << 10;
+
 /// Which tensors a consumer will ask for, and in which order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PrefetchPlan {
@@ -55,9 +59,9 @@ pub enum PrefetchPlan {
 /// copying the bytes once more. Everything fetched ahead is then the consumer's own memory,
 /// and the budget paces the reads instead: a batch starts whenever the reads open are under
 /// it (so they may pass it by one batch), and what is fetched ahead, in flight or not yet
-/// asked for, stays within two budgets. A tensor of one and a half batches or more (an
-/// embedding table) is then read in parts of about a batch, each started as a batch would be,
-/// ahead of the batches after it, where the source can read part of a tensor
+/// asked for, stays within two budgets (or one batch, when that is larger). A tensor of one and a half batches or more (an
+/// embedding table) is then read in parts of about a batch (not under 64 KiB), each started as
+/// a batch would be, ahead of the batches after it, where the source can read part of a tensor
 /// ([`WeightSource::lazy_tensor`]): held whole, it would hold the room of all its reads until
 /// the last one is in.
 ///
@@ -107,7 +111,8 @@ struct State {
     ready_bytes: u64,
     /// Parts of a tensor read in parts waiting for room: batches not started wait behind them.
     parts_waiting: usize,
-    /// The consumer dropped the prefetcher: workers end after their batch.
+    /// The consumer dropped the prefetcher: workers end after their batch (a tensor read in
+    /// parts, after the parts already started, filing nothing).
     stopped: bool,
 }
 
@@ -177,15 +182,16 @@ impl<W: WeightSource + 'static> Prefetched<W> {
         // Only landed in the consumer's memory: read in parts, a tensor needs its whole memory
         // before its first part starts, which the consumer's allocator gives.
         let lazy: HashMap<String, StoredTensor> = match allocator {
-            Some(_) => tensors
+            Some(_) if batch_bytes >= MIN_PART => tensors
                 .iter()
-                .filter(|(_, len)| parts(*len, batch_bytes).len() > 1)
-                .filter_map(|(name, _)| {
+                .filter(|(_, len)| part_count(*len, batch_bytes) > 1)
+                .filter_map(|(name, len)| {
                     let lazy = weights.lazy_tensor(name).ok().flatten()?;
-                    Some((name.clone(), lazy))
+                    // Parts are cut from the catalog's length: other bytes are not this tensor.
+                    (lazy.bytes.len() as u64 == *len).then(|| (name.clone(), lazy))
                 })
                 .collect(),
-            None => HashMap::new(),
+            _ => HashMap::new(),
         };
         let batches = batches(tensors, batch_bytes, |name| lazy.contains_key(name));
         let workers = batches.len().min(WORKERS);
@@ -230,7 +236,7 @@ impl<W: WeightSource + 'static> Drop for Prefetched<W> {
     }
 }
 
-impl<W: WeightSource> Shared<W> {
+impl<W> Shared<W> {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Every update is a few inserts and removes that leave the state consistent between
         // them, so a panic elsewhere while holding the lock leaves nothing half-done.
@@ -243,6 +249,27 @@ impl<W: WeightSource> Shared<W> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Gives back the room of a part's read that ended.
+    fn release(&self, len: u64) {
+        self.lock().reading_bytes -= len;
+        self.changed.notify_all();
+    }
+}
+
+/// A part's read, counted against the budget until dropped: when the read ends, however it
+/// ends, or when it never starts.
+struct OpenRead<'a, W> {
+    shared: &'a Shared<W>,
+    len: u64,
+}
+
+impl<W> Drop for OpenRead<'_, W> {
+    fn drop(&mut self) {
+        self.shared.release(self.len);
+    }
+}
+
+impl<W: WeightSource> Shared<W> {
     /// Whether a batch of `size` bytes may start: always when nothing is held, else when the
     /// batches in flight and the tensors ready stay within the budget.
     ///
@@ -296,7 +323,7 @@ impl<W: WeightSource> Shared<W> {
     fn first_read(&self, batch: &Batch) -> u64 {
         match batch.as_slice() {
             [(name, len)] if self.lazy.contains_key(name) => parts(*len, self.batch_bytes)
-                .first()
+                .next()
                 .map_or(0, |part| part.end - part.start),
             _ => batch.iter().map(|(_, len)| len).sum(),
         }
@@ -321,7 +348,11 @@ impl<W: WeightSource> Shared<W> {
         let mut state = self.lock();
         match fetched {
             Ok(fetched) => {
-                for ((name, len), stored) in batch.into_iter().zip(fetched) {
+                // A source that returned fewer tensors than asked for leaves the rest to be
+                // read alone, as a failed batch does.
+                let mut fetched = fetched.into_iter();
+                for (name, len) in batch {
+                    let stored = fetched.next().flatten();
                     state.in_flight.remove(&name);
                     if counted {
                         state.in_flight_bytes -= len;
@@ -386,39 +417,49 @@ impl<W: WeightSource> Shared<W> {
             return Err(Error::new(ErrorKind::Io, "not a tensor read in parts").with_tensor(name));
         };
         let len = lazy.bytes.len();
+        let mut parts = parts(len as u64, self.batch_bytes);
+        let first = parts.next();
+        // The first part's read was counted as its batch started: this gives the room back if
+        // the allocation fails, and the part's thread when its read ends.
+        let first_open = first
+            .as_ref()
+            .filter(|_| first_counted)
+            .map(|part| OpenRead {
+                shared: self,
+                len: part.end - part.start,
+            });
         let mut allocation = allocate(allocator.as_ref(), name, &lazy.dtype, &lazy.shape, len)?;
         let memory = writable(allocation.as_mut(), name, len)?;
+        let mut next = first.map(|part| (part, first_open));
         let read = std::thread::scope(|scope| {
             let mut rest = memory;
             let mut reading = Vec::new();
             let mut started = Ok(());
-            for (i, part) in parts(len as u64, self.batch_bytes).into_iter().enumerate() {
-                let part_len = part.end - part.start;
-                let counted = i > 0 || first_counted;
-                if i > 0 && !self.claim_part(part_len) {
-                    started = Err(Error::new(ErrorKind::Io, "the prefetcher was dropped"));
-                    break;
-                }
+            while let Some((part, open)) = next.take() {
                 // The parts tile the tensor in order, so each is the front of what is left.
-                let (chunk, tail) = std::mem::take(&mut rest).split_at_mut(part_len as usize);
+                let (chunk, tail) =
+                    std::mem::take(&mut rest).split_at_mut((part.end - part.start) as usize);
                 rest = tail;
+                // A closure whose thread does not start is dropped, `open` with it.
                 let spawned = std::thread::Builder::new()
                     .name("weightbay-prefetch-part".into())
                     .spawn_scoped(scope, move || {
-                        let read = lazy.bytes.read_at(part.start as usize, chunk);
-                        if counted {
-                            self.release(part_len);
-                        }
-                        read
+                        let _open = open;
+                        lazy.bytes.read_at(part.start as usize, chunk)
                     });
                 match spawned {
                     Ok(thread) => reading.push(thread),
                     Err(e) => {
-                        if counted {
-                            self.release(part_len);
-                        }
                         started = Err(Error::io("starting a prefetch thread", e));
                         break;
+                    }
+                }
+                if let Some(part) = parts.next() {
+                    match self.claim_part(part.end - part.start) {
+                        Some(open) => next = Some((part, Some(open))),
+                        None => {
+                            started = Err(Error::new(ErrorKind::Io, "the prefetcher was dropped"));
+                        }
                     }
                 }
             }
@@ -438,9 +479,9 @@ impl<W: WeightSource> Shared<W> {
     }
 
     /// Waits until a part of `len` bytes may start (the reads open under the budget) and
-    /// counts its read; batches not started wait behind it. `false` when the prefetcher was
+    /// counts its read; batches not started wait behind it. `None` when the prefetcher was
     /// dropped.
-    fn claim_part(&self, len: u64) -> bool {
+    fn claim_part(&self, len: u64) -> Option<OpenRead<'_, W>> {
         let mut state = self.lock();
         state.parts_waiting += 1;
         while !state.stopped && state.reading_bytes >= self.budget {
@@ -452,13 +493,7 @@ impl<W: WeightSource> Shared<W> {
             state.reading_bytes += len;
         }
         self.changed.notify_all();
-        !stopped
-    }
-
-    /// Gives back the room of a part's read that ended.
-    fn release(&self, len: u64) {
-        self.lock().reading_bytes -= len;
-        self.changed.notify_all();
+        (!stopped).then_some(OpenRead { shared: self, len })
     }
 
     /// The fetched tensor `name`, after waiting for its batch (or fetching it, when it has not
@@ -478,7 +513,7 @@ impl<W: WeightSource> Shared<W> {
             let number = state.planned.get(name).copied();
             // The consumer waits for this batch: it runs on the consumer's thread at once, and
             // does not take the room of the batches ahead of it (the one batch beyond the
-            // budget that memory may hold).
+            // budget that memory may hold); of a tensor read in parts, only the first part.
             match number.and_then(|number| state.start(number)) {
                 Some(batch) => state = self.fetch(state, batch, false),
                 None => {
@@ -624,18 +659,21 @@ fn batches(
     out
 }
 
-/// The parts a tensor of `len` bytes is read in: as many as `batch_bytes` divides it into,
-/// rounded to the nearest (at least one), of equal length, as an object store cuts a long
-/// range into requests.
-fn parts(len: u64, batch_bytes: u64) -> Vec<Range<u64>> {
+/// How many parts a tensor of `len` bytes is read in: as many as `batch_bytes` divides it
+/// into, rounded to the nearest (at least one), as an object store cuts a long range into
+/// requests.
+fn part_count(len: u64, batch_bytes: u64) -> u64 {
     let batch_bytes = batch_bytes.max(1);
-    let count =
-        (len / batch_bytes + u64::from(len % batch_bytes >= batch_bytes.div_ceil(2))).max(1);
+    (len / batch_bytes + u64::from(len % batch_bytes >= batch_bytes.div_ceil(2))).max(1)
+}
+
+/// The [`part_count`] parts of a tensor of `len` bytes, of equal length.
+fn parts(len: u64, batch_bytes: u64) -> impl Iterator<Item = Range<u64>> {
+    let count = part_count(len, batch_bytes);
     let part = len.div_ceil(count).max(1);
     (0..count)
-        .map(|i| i.saturating_mul(part).min(len)..(i + 1).saturating_mul(part).min(len))
+        .map(move |i| i.saturating_mul(part).min(len)..(i + 1).saturating_mul(part).min(len))
         .filter(|part| !part.is_empty())
-        .collect()
 }
 
 /// Compares names with runs of digits compared as numbers (`a.2` < `a.10`), otherwise bytewise.
@@ -744,16 +782,16 @@ mod tests {
 
     #[test]
     fn parts_are_even_and_about_a_batch() {
-        let lens = |parts: Vec<Range<u64>>| -> Vec<u64> {
-            parts.into_iter().map(|p| p.end - p.start).collect()
+        let lens = |parts: &mut dyn Iterator<Item = Range<u64>>| -> Vec<u64> {
+            parts.map(|p| p.end - p.start).collect()
         };
         assert_eq!(
-            lens(parts(156, 16)),
+            lens(&mut parts(156, 16)),
             [16, 16, 16, 16, 16, 16, 16, 16, 16, 12]
         );
         // Up to half a batch over is one part, not a second that pays a round trip for little.
-        assert_eq!(lens(parts(23, 16)), [23]);
-        assert_eq!(lens(parts(24, 16)), [12, 12]);
-        assert_eq!(lens(parts(0, 16)), Vec::<u64>::new());
+        assert_eq!(lens(&mut parts(23, 16)), [23]);
+        assert_eq!(lens(&mut parts(24, 16)), [12, 12]);
+        assert_eq!(lens(&mut parts(0, 16)), Vec::<u64>::new());
     }
 }

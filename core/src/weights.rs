@@ -245,8 +245,9 @@ pub trait WeightSource: Send + Sync {
     /// The checkpoint tensor `name` with bytes read as they are accessed, so that a consumer
     /// reading a large tensor in parts at once ([`Prefetched`](crate::Prefetched) landing in
     /// its consumer's memory) pays one read per part: [`Bytes::read_at`] on them reads that
-    /// part from the backing. `None`, the default, where the source cannot put off the read:
-    /// the tensor is then read whole.
+    /// part from the backing, from several threads at once. The bytes are the whole tensor,
+    /// as long as [`catalog`](Self::catalog) says. `None`, the default, where the source cannot
+    /// put off the read: the tensor is then read whole.
     ///
     /// # Errors
     /// The backing's errors.

@@ -74,10 +74,12 @@ impl AllocationController for Owned {
     }
 }
 
-/// Lands every tensor in an [`Owned`], one byte short when `short` (a broken allocator).
-#[derive(Debug)]
+/// Lands every tensor in an [`Owned`], one byte short when `short` (a broken allocator), after
+/// failing the first `failures` allocations (memory running out).
+#[derive(Debug, Default)]
 struct Keep {
     short: bool,
+    failures: AtomicUsize,
 }
 
 impl TensorAllocator for Keep {
@@ -88,6 +90,18 @@ impl TensorAllocator for Keep {
         _: &[u64],
         len: usize,
     ) -> weightbay::Result<Box<dyn AllocationController>> {
+        let out_of_memory = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if out_of_memory {
+            return Err(weightbay::Error::new(
+                ErrorKind::Io,
+                "out of memory for the test",
+            ));
+        }
         Ok(Box::new(Owned(vec![0; len - usize::from(self.short)])))
     }
 }
@@ -207,7 +221,7 @@ fn what_is_fetched_ahead_stays_within_the_budget() {
 fn tensors_land_in_the_consumers_memory_and_come_back_as_its_own() {
     let (reader, source) = remote(40, 1000, 160_000);
     let prefetched =
-        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep { short: false })).unwrap();
+        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep::default())).unwrap();
     for i in 0..40 {
         let name = format!("layers.{i}.w");
         let stored = prefetched.stored_tensor(&name).unwrap().unwrap();
@@ -227,9 +241,7 @@ fn tensors_land_in_the_consumers_memory_and_come_back_as_its_own() {
     let names: Vec<String> = ["layers.2.w", "absent", "layers.0.w"]
         .map(String::from)
         .to_vec();
-    let landed = reader
-        .stored_tensors_in(&names, &Keep { short: false })
-        .unwrap();
+    let landed = reader.stored_tensors_in(&names, &Keep::default()).unwrap();
     assert!(landed[1].is_none());
     let first = landed[0].clone().unwrap().bytes.into_allocation::<Owned>();
     assert!(first.is_err(), "shared with the clone still in `landed`");
@@ -242,7 +254,13 @@ fn tensors_land_in_the_consumers_memory_and_come_back_as_its_own() {
     );
     let before = source.fetched.load(Ordering::SeqCst);
     let err = reader
-        .stored_tensors_in(&names, &Keep { short: true })
+        .stored_tensors_in(
+            &names,
+            &Keep {
+                short: true,
+                ..Keep::default()
+            },
+        )
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     assert!(err.to_string().contains("layers.2.w"), "{err}");
@@ -255,7 +273,7 @@ fn landed_tensors_wait_beside_the_budget_in_flight_up_to_another_budget() {
     // budget's room for requests: more than a budget is fetched ahead, and at most two.
     let (reader, source) = remote(50, 1000, 10_000);
     let prefetched =
-        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep { short: false })).unwrap();
+        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep::default())).unwrap();
     wait_for(
         || source.fetched.load(Ordering::SeqCst) > 10_000,
         "more than the budget to be fetched",
@@ -356,7 +374,7 @@ fn landed_after_reads(
 ) -> (Prefetched<Reader>, Arc<Rendezvous>) {
     let (reader, source) = Rendezvous::new(count, len, ahead, reads);
     let prefetched =
-        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep { short: false })).unwrap();
+        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep::default())).unwrap();
     let done = || source.batched.load(Ordering::SeqCst) + source.single.load(Ordering::SeqCst);
     wait_for(|| done() == reads, "the reads to be done");
     (prefetched, source)
@@ -385,14 +403,14 @@ fn a_landed_batch_larger_than_the_room_left_starts_beside_the_batches_in_flight(
 
 #[test]
 fn a_landed_tensor_of_many_batches_is_read_in_parts_at_once() {
-    // One tensor of 1,000 bytes against a 1,600-byte budget: ten batches' worth, read as ten
-    // reads of 100 bytes, all open at once, into one allocation of the consumer's.
-    let (prefetched, source) = landed_after_reads(1, 1000, 1600, 10);
+    // One tensor of 640 KiB against a 1 MiB budget: ten batches' worth, read as ten reads of
+    // 64 KiB, all open at once, into one allocation of the consumer's.
+    let (prefetched, source) = landed_after_reads(1, 640 << 10, 1 << 20, 10);
     let stored = prefetched.stored_tensor("layers.0.w").unwrap().unwrap();
     let Ok(Owned(bytes)) = stored.bytes.into_allocation::<Owned>() else {
         panic!("the tensor did not land in the allocator's memory");
     };
-    assert_eq!(bytes, vec![0; 1000]);
+    assert_eq!(bytes, vec![0; 640 << 10]);
     assert_eq!(
         source.most_open.load(Ordering::SeqCst),
         10,
@@ -404,6 +422,27 @@ fn a_landed_tensor_of_many_batches_is_read_in_parts_at_once() {
         "reads of a part each"
     );
     assert_eq!(source.batched.load(Ordering::SeqCst), 0, "batched reads");
+}
+
+#[test]
+fn allocations_that_fail_give_back_the_room_of_the_parts_they_counted() {
+    // Twenty tensors of 640 KiB read in parts of 64 KiB against a 1 MiB budget, the first
+    // seventeen allocations failing: each failure gives back the first part it had counted, or
+    // seventeen of them would fill the budget and the parts of the rest would wait for ever.
+    let (reader, _) = remote(20, 640 << 10, 1 << 20);
+    let allocator = Arc::new(Keep {
+        failures: AtomicUsize::new(17),
+        ..Keep::default()
+    });
+    let prefetched = Prefetched::landing_in(reader, PrefetchPlan::All, allocator).unwrap();
+    let (sender, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(value(&prefetched, "layers.19.w"));
+    });
+    let last = received
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the last tensor within 30 s");
+    assert_eq!(last, vec![19; 640 << 10]);
 }
 
 /// Spins until `done`, failing the test if it never happens.
@@ -465,9 +504,7 @@ fn a_sharded_set_prefetches_across_its_shards() {
     assert_eq!(sharded.catalog().unwrap().len(), 12);
     // Read into a consumer's memory, shard by shard.
     let names: Vec<String> = (0..12).rev().map(|i| format!("layers.{i}.w")).collect();
-    let landed = sharded
-        .stored_tensors_in(&names, &Keep { short: false })
-        .unwrap();
+    let landed = sharded.stored_tensors_in(&names, &Keep::default()).unwrap();
     for (i, stored) in (0..12).rev().zip(landed) {
         let owned = stored.unwrap().bytes.into_allocation::<Owned>().unwrap();
         assert_eq!(owned.0, vec![i as u8; 64]);
