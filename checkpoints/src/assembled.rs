@@ -312,6 +312,23 @@ impl WeightSource for AssembledWeights {
         self.tensors.contains_key(name)
     }
 
+    /// A tensor one rank saved whole, as its container's [`Reader`] gives it (a lazy range on
+    /// an object store); a tensor assembled from slices is read whole.
+    fn lazy_tensor(&self, name: &str) -> Result<Option<StoredTensor>> {
+        let Some(logical) = self.tensors.get(name) else {
+            return Ok(None);
+        };
+        let [slice] = logical.slices.as_slice() else {
+            return Ok(None);
+        };
+        if slice.region != Region::whole(&logical.shape) {
+            return Ok(None);
+        }
+        let reader = self.reader(&slice.container)?;
+        stored_slice(&reader, name, logical, slice)?;
+        reader.lazy_tensor(name)
+    }
+
     /// Opens every container's header (each once) to learn the tensors' element types. A
     /// tensor whose length its shape does not give (a quantized one) is left out: it is read
     /// when asked for.

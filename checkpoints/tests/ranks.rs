@@ -1,21 +1,47 @@
 //! Multi-rank saves over MemoryStorage, behind a storage that counts what reaches it: what gc
-//! reports for a committed step, and what a rank that runs again costs.
+//! reports for a committed step, what a rank that runs again costs, and how an assembled
+//! checkpoint's tensors are read in parts.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use weightbay::{
-    Capabilities, CreateOptions, ErrorKind, Listed, MemoryStorage, Result, Sink, Source, Storage,
-    Tensor, Writer,
+    Capabilities, CreateOptions, DType, ErrorKind, Listed, MemoryStorage, Result, Sink, Source,
+    Storage, Tensor, WeightSource, Writer,
 };
 use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
 
-/// MemoryStorage, counting the sinks opened and the bytes written through them.
+/// MemoryStorage, counting the sinks opened and the bytes written through them, and the
+/// reads of the sources it opens, which gain from reading `ahead` bytes at once (as an object
+/// store's do) when that is above 0.
 #[derive(Debug, Default)]
 struct Counting {
     inner: MemoryStorage,
     creates: AtomicU64,
     written: Arc<AtomicU64>,
+    ahead: u64,
+    reads: Arc<AtomicU64>,
+}
+
+/// A source of a [`Counting`].
+#[derive(Debug)]
+struct CountingSource {
+    inner: Arc<dyn Source>,
+    ahead: u64,
+    reads: Arc<AtomicU64>,
+}
+
+impl Source for CountingSource {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.read_at(offset, buf)
+    }
+    fn fetch_ahead(&self) -> u64 {
+        self.ahead
+    }
 }
 
 struct CountingSink {
@@ -46,7 +72,11 @@ impl Storage for Counting {
         }))
     }
     fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
-        self.inner.open(key)
+        Ok(Arc::new(CountingSource {
+            inner: self.inner.open(key)?,
+            ahead: self.ahead,
+            reads: Arc::clone(&self.reads),
+        }))
     }
     fn delete(&self, key: &str) -> Result<()> {
         self.inner.delete(key)
@@ -124,4 +154,47 @@ fn a_rank_that_runs_again_after_the_commit_uploads_nothing() {
         0,
         "the zombie uploaded its container"
     );
+}
+
+#[test]
+fn a_tensor_one_rank_saved_whole_reads_in_parts_and_a_sliced_one_whole() {
+    let storage = Arc::new(Counting {
+        ahead: 1 << 20,
+        ..Counting::default()
+    });
+    let checkpoints = Checkpoints::over(Arc::clone(&storage) as Arc<dyn Storage>, "run");
+    // Rank 0 also saves `emb` (64 × 1024 f32, 256 KiB) whole; `w` is split between the ranks.
+    let emb: Vec<f32> = (0..64 * 1024).map(|i| i as f32).collect();
+    let whole = Tensor::from_slice("emb", [64u64, 1024], &emb);
+    let shape = [64u64, 1024];
+    let region = Region::split(&shape, 0, 2, 0);
+    let values = vec![0.0f32; region.elements() as usize];
+    let half_w = Tensor::from_slice("w", region.lengths.clone(), &values);
+    checkpoints
+        .save_rank(
+            1,
+            RankSave::new(0, 2, Writer::new(vec![half_w, whole])).with_slice("w", shape, region),
+        )
+        .unwrap();
+    checkpoints.save_rank(1, half(1, 0.0)).unwrap();
+    let weights = checkpoints.open(1).unwrap().assembled().unwrap();
+
+    assert!(
+        weights.lazy_tensor("w").unwrap().is_none(),
+        "a sliced tensor"
+    );
+    assert!(weights.lazy_tensor("absent").unwrap().is_none());
+    let lazy = weights.lazy_tensor("emb").unwrap().expect("a whole tensor");
+    assert_eq!((lazy.dtype, lazy.shape), (DType::F32, vec![64, 1024]));
+    let expected: Vec<u8> = emb.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(lazy.bytes.len(), expected.len());
+    // Four parts of 64 KiB, one read each.
+    let before = storage.reads.load(Ordering::SeqCst);
+    for (i, part) in expected.chunks(64 << 10).enumerate() {
+        let offset = i * (64 << 10);
+        let mut buf = vec![0; part.len()];
+        lazy.bytes.read_at(offset, &mut buf).unwrap();
+        assert_eq!(buf, part, "the part at {offset}");
+    }
+    assert_eq!(storage.reads.load(Ordering::SeqCst) - before, 4, "reads");
 }
