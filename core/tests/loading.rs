@@ -19,6 +19,8 @@ struct Remote {
     inner: MemorySource,
     ahead: u64,
     fetches: AtomicUsize,
+    /// Single reads (`read_at`): the header's, and a tensor's parts.
+    reads: AtomicUsize,
     /// When set, every batched read of more than one range fails.
     refuse_batches: bool,
     fetched: AtomicU64,
@@ -29,6 +31,7 @@ impl Source for Remote {
         self.inner.len()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> weightbay::Result<()> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.fetched.fetch_add(buf.len() as u64, Ordering::SeqCst);
         self.inner.read_at(offset, buf)
     }
@@ -108,9 +111,15 @@ impl TensorAllocator for Keep {
 
 /// `count` tensors of `len` bytes each, `layers.{i}.w` filled with `i`.
 fn container(count: usize, len: usize) -> weightbay::SharedBytes {
+    container_of(&vec![len; count])
+}
+
+/// A tensor `layers.{i}.w` of `lens[i]` bytes for each `i`, filled with `i`.
+fn container_of(lens: &[usize]) -> weightbay::SharedBytes {
     Writer::new(
-        (0..count)
-            .map(|i| {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &len)| {
                 Tensor::new(
                     format!("layers.{i}.w"),
                     DType::U8,
@@ -126,17 +135,42 @@ fn container(count: usize, len: usize) -> weightbay::SharedBytes {
 }
 
 fn remote(count: usize, len: usize, ahead: u64) -> (Reader, Arc<Remote>) {
+    remote_of(container(count, len), ahead)
+}
+
+fn remote_of(container: weightbay::SharedBytes, ahead: u64) -> (Reader, Arc<Remote>) {
     let source = Arc::new(Remote {
-        inner: MemorySource::new(container(count, len)),
+        inner: MemorySource::new(container),
         ahead,
         fetches: AtomicUsize::new(0),
+        reads: AtomicUsize::new(0),
         refuse_batches: false,
         fetched: AtomicU64::new(0),
     });
     let reader = Reader::open(source.clone()).unwrap();
     // Only what is read after the header counts.
     source.fetched.store(0, Ordering::SeqCst);
+    source.reads.store(0, Ordering::SeqCst);
     (reader, source)
+}
+
+/// All of [`remote`]'s tensors prefetched within `budget`, once the workers have filled it.
+fn filled(count: usize, len: usize, budget: u64) -> (Prefetched<Reader>, Arc<Remote>) {
+    let (reader, source) = remote(count, len, budget);
+    let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
+    wait_for(
+        || source.fetched.load(Ordering::SeqCst) >= budget,
+        "the budget to fill",
+    );
+    (prefetched, source)
+}
+
+/// Asks for `layers.{i}.w` of `lens[i]` bytes for each `i` in natural order (`layers.2`
+/// before `layers.10`, as the plan fetches them), checking each.
+fn ask_all_in_order(weights: &impl WeightSource, lens: &[usize]) {
+    for (i, &len) in lens.iter().enumerate() {
+        assert_eq!(value(weights, &format!("layers.{i}.w")), vec![i as u8; len]);
+    }
 }
 
 fn value(weights: &impl WeightSource, name: &str) -> Vec<u8> {
@@ -151,16 +185,11 @@ fn value(weights: &impl WeightSource, name: &str) -> Vec<u8> {
 
 #[test]
 fn a_consumer_asking_one_at_a_time_is_answered_from_a_few_batched_reads() {
-    // Batches of a sixteenth of the budget: ten tensors each.
+    // Batches of a sixteenth of the budget, ten tensors, halved in the plan's last half budget
+    // (all of these): five.
     let (reader, source) = remote(40, 1000, 160_000);
     let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
-    // Natural order: layers.2 before layers.10, as the plan fetches them.
-    for i in 0..40 {
-        assert_eq!(
-            value(&prefetched, &format!("layers.{i}.w")),
-            vec![i as u8; 1000]
-        );
-    }
+    ask_all_in_order(&prefetched, &[1000; 40]);
     let fetches = source.fetches.load(Ordering::SeqCst);
     assert!(fetches <= 12, "{fetches} batched reads for 40 tensors");
     assert_eq!(
@@ -201,16 +230,64 @@ fn tensors_out_of_plan_order_or_outside_it_are_read_on_demand_and_right() {
 }
 
 #[test]
+fn a_tensor_asked_for_far_ahead_of_the_plan_is_read_alone_and_the_next_batch_whole() {
+    // Batches of two tensors up to the plan's last half budget; the budget holds sixteen
+    // batches, and nothing is taken, so the rest wait in the plan.
+    let (prefetched, source) = filled(60, 1000, 32_000);
+    let fetched = || source.fetched.load(Ordering::SeqCst);
+    // layers.43.w shares a batch with layers.42.w: asked for first (as a model asks for its
+    // final norm), it comes alone.
+    assert_eq!(value(&prefetched, "layers.43.w"), vec![43; 1000]);
+    assert_eq!(
+        fetched(),
+        33_000,
+        "bytes read for a tensor far ahead of the plan"
+    );
+    assert_eq!(value(&prefetched, "layers.42.w"), vec![42; 1000]);
+    assert_eq!(fetched(), 34_000);
+    // The consumer caught up with the plan: the next batch comes whole, its other tensor kept.
+    assert_eq!(value(&prefetched, "layers.32.w"), vec![32; 1000]);
+    assert_eq!(fetched(), 36_000, "bytes read for the plan's next batch");
+    for i in (0..60).filter(|i| ![32, 42, 43].contains(i)) {
+        assert_eq!(
+            value(&prefetched, &format!("layers.{i}.w")),
+            vec![i as u8; 1000]
+        );
+    }
+    assert_eq!(fetched(), 60_000, "each tensor fetched once");
+}
+
+#[test]
+fn the_plans_last_half_budget_is_fetched_in_half_batches_and_parts() {
+    // Batches of two tensors, but one each for the last 16 (the last half budget).
+    let (reader, source) = remote(60, 1000, 32_000);
+    let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
+    ask_all_in_order(&prefetched, &[1000; 60]);
+    assert_eq!(source.fetches.load(Ordering::SeqCst), 22 + 16);
+
+    // Landed: batches of 128 KiB, and 64 KiB in the last 1 MiB, where the last tensor (192
+    // KiB) is read in three parts, not two.
+    const KIB: usize = 1024;
+    let mut lens = vec![64 * KIB; 40];
+    lens.push(192 * KIB);
+    let (reader, source) = remote_of(container_of(&lens), 2 << 20);
+    let prefetched =
+        Prefetched::landing_in(reader, PrefetchPlan::All, Arc::new(Keep::default())).unwrap();
+    ask_all_in_order(&prefetched, &lens);
+    assert_eq!(
+        source.reads.load(Ordering::SeqCst),
+        3,
+        "parts of the last tensor"
+    );
+    assert_eq!(source.fetches.load(Ordering::SeqCst), 14 + 13);
+}
+
+#[test]
 fn what_is_fetched_ahead_stays_within_the_budget() {
     // Nothing is asked for, so the workers fill the budget (ten tensors of 1,000 bytes) and
     // wait. Once they have, the prefetcher is dropped and its workers end; when the last one
     // has let go of the source, every fetch there will be has been counted.
-    let (reader, source) = remote(50, 1000, 10_000);
-    let prefetched = Prefetched::new(reader, PrefetchPlan::All).unwrap();
-    wait_for(
-        || source.fetched.load(Ordering::SeqCst) >= 10_000,
-        "the budget to fill",
-    );
+    let (prefetched, source) = filled(50, 1000, 10_000);
     drop(prefetched);
     wait_for(|| Arc::strong_count(&source) == 1, "the workers to end");
     let ahead = source.fetched.load(Ordering::SeqCst);
@@ -462,6 +539,7 @@ fn a_failed_batch_surfaces_as_each_tensors_own_read() {
         inner: MemorySource::new(container(10, 100)),
         ahead: 1_000,
         fetches: AtomicUsize::new(0),
+        reads: AtomicUsize::new(0),
         refuse_batches: true,
         fetched: AtomicU64::new(0),
     });
