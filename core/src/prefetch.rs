@@ -16,15 +16,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use crate::weights::{StoredTensor, TensorAllocator, WeightSource, allocate, writable};
 use crate::{Bytes, Error, ErrorKind, Result};
 
-/// Batches fetched at once, each a sixteenth of the budget: with an object store's default
-/// budget (256 MiB) and request length (16 MiB), one request per batch and sixteen in flight,
+/// Batches fetched at once, each a sixteenth of the budget (half that in the plan's last half
+/// budget): with an object store's default budget (256 MiB) and request length (16 MiB), one
+/// request per batch and sixteen in flight,
 /// each batch handed over as soon as its one request is in, and a batch held back only as long
 /// as the consumer takes to use one. Fewer, larger batches would hold the budget for the
 /// slowest request of each.
 const WORKERS: usize = 16;
 
-/// The shortest part a tensor is read in: below it, a request's round trip takes longer than
-/// its bytes, and the tensor is read whole.
+/// The shortest part length a tensor is cut to (its parts, as many as that length divides it
+/// into rounded to the nearest, are then at least three quarters of it): below it, a request's
+/// round trip takes longer than its bytes, and the tensor is read whole.
 const MIN_PART: u64 = 64 << 10;
 
 /// Which tensors a consumer will ask for, and in which order.
@@ -48,7 +50,8 @@ pub enum PrefetchPlan {
 /// run. A tensor asked for while its batch is in flight waits for it; one whose batch is the
 /// next to start has that batch fetched at once on the asking thread (the consumer has caught
 /// up with the plan); one further on in the plan (a model's final norm, asked for before its
-/// layers) or not in it is read alone. So memory holds at most the budget plus one batch or
+/// layers) is taken out of its batch and read alone, as is one not in the plan (a tensor read
+/// in parts is a batch of its own, fetched at once in its parts). So memory holds at most the budget plus one batch or
 /// the largest tensor. Each planned tensor is handed over once: asking for it again reads it
 /// again.
 ///
@@ -62,8 +65,9 @@ pub enum PrefetchPlan {
 /// and the budget paces the reads instead: a batch starts whenever the reads open are under
 /// it (so they may pass it by one batch), and what is fetched ahead, in flight or not yet
 /// asked for, stays within two budgets (or one batch, when that is larger). A tensor of one
-/// and a half batches or more (an embedding table) is then read in parts of about a batch (not
-/// under 64 KiB), each started as a batch would be, ahead of the batches after it, where the
+/// and a half batches or more (an embedding table) is then read in parts of about a batch
+/// (half a batch in the plan's last half budget; parts are cut to 64 KiB or more), each
+/// started as a batch would be, ahead of the batches after it, where the
 /// source can read part of a tensor ([`WeightSource::lazy_tensor`]): held whole, it would hold
 /// the room of all its reads until the last one is in.
 ///
@@ -100,8 +104,6 @@ struct State {
     in_flight: HashSet<String>,
     /// Fetched and not yet asked for, with the bytes each reserves.
     ready: HashMap<String, (StoredTensor, u64)>,
-    /// Names the consumer read itself: a batch that reaches them skips them.
-    taken: HashSet<String>,
     /// Bytes of the batches in flight.
     in_flight_bytes: u64,
     /// Bytes of the reads open for batches in flight: all of a batch's, or the parts of a
@@ -117,21 +119,28 @@ struct State {
 }
 
 impl State {
-    /// Takes batch `number` out of the plan (when not started yet) and marks it in flight,
-    /// leaving out what the consumer read itself.
+    /// Takes batch `number` out of the plan (when not started yet) and marks it in flight.
     fn start(&mut self, number: usize) -> Option<Batch> {
         let at = self.plan.binary_search_by_key(&number, |(n, _)| *n).ok()?;
         let (_, batch) = self.plan.remove(at)?;
-        let batch: Batch = batch
-            .into_iter()
-            .filter(|(name, _)| {
-                self.planned.remove(name);
-                !self.taken.contains(name)
-            })
-            .collect();
-        self.in_flight
-            .extend(batch.iter().map(|(name, _)| name.clone()));
+        for (name, _) in &batch {
+            self.planned.remove(name);
+            self.in_flight.insert(name.clone());
+        }
         Some(batch)
+    }
+
+    /// Takes `name` out of batch `number`, not started yet, for the consumer to read alone; a
+    /// batch left empty leaves the plan.
+    fn unplan(&mut self, name: &str, number: usize) {
+        self.planned.remove(name);
+        if let Ok(at) = self.plan.binary_search_by_key(&number, |(n, _)| *n) {
+            let batch = &mut self.plan[at].1;
+            batch.retain(|(planned, _)| planned != name);
+            if batch.is_empty() {
+                self.plan.remove(at);
+            }
+        }
     }
 }
 
@@ -337,15 +346,14 @@ impl<W: WeightSource> Shared<W> {
     /// The bytes of the first read of `batch` as it starts: all of them, or the first part of
     /// a tensor read in parts.
     fn first_read(&self, batch: &Batch) -> u64 {
-        match batch.as_slice() {
-            [(name, len)] => match self.lazy.get(name) {
-                Some((_, part_bytes)) => parts(*len, *part_bytes)
-                    .next()
-                    .map_or(0, |part| part.end - part.start),
-                None => *len,
-            },
-            _ => batch.iter().map(|(_, len)| len).sum(),
+        if let [(name, len)] = batch.as_slice()
+            && let Some((_, part_bytes)) = self.lazy.get(name)
+        {
+            return parts(*len, *part_bytes)
+                .next()
+                .map_or(0, |part| part.end - part.start);
         }
+        batch.iter().map(|(_, len)| len).sum()
     }
 
     /// Fetches a started batch without holding the lock, and files what came back; its bytes
@@ -377,9 +385,7 @@ impl<W: WeightSource> Shared<W> {
                         state.in_flight_bytes -= len;
                         state.reading_bytes -= len;
                     }
-                    if let Some(stored) = stored
-                        && !state.taken.contains(&name)
-                    {
+                    if let Some(stored) = stored {
                         state.ready.insert(name, (stored, len));
                         state.ready_bytes += len;
                     }
@@ -420,9 +426,7 @@ impl<W: WeightSource> Shared<W> {
         }
         // A part that failed is not an error until the tensor is asked for: it is then read
         // alone, and that read's error is the one returned.
-        if let Ok(stored) = landed
-            && !state.taken.contains(&name)
-        {
+        if let Ok(stored) = landed {
             state.ready.insert(name, (stored, len));
             state.ready_bytes += len;
         }
@@ -517,7 +521,7 @@ impl<W: WeightSource> Shared<W> {
     }
 
     /// The fetched tensor `name`, after waiting for its batch (or fetching it, when it is the
-    /// next to start); `None` when it has to be read alone.
+    /// next to start or a tensor read in parts); `None` when it has to be read alone.
     fn take(&self, name: &str) -> Option<StoredTensor> {
         let mut state = self.lock();
         loop {
@@ -534,21 +538,20 @@ impl<W: WeightSource> Shared<W> {
             // (a batch of its own): it runs on the consumer's thread at once, and does not
             // take the room of the batches ahead of it (the one batch beyond the budget that
             // memory may hold); of a tensor read in parts, only the first part. A tensor
-            // further on is read alone and its batch left in the plan without it, so the
-            // consumer does not wait for bytes it did not ask for: a model's final norm, last
-            // in the file and in a batch of the last layer's weights, asked for before the
-            // first layer, kept candle's Llama constructor waiting over 100 ms for 12.5 MiB.
-            let number = state.planned.get(name).copied().filter(|&number| {
-                state.plan.front().is_some_and(|(next, _)| *next == number)
-                    || self.lazy.contains_key(name)
-            });
-            match number.and_then(|number| state.start(number)) {
-                Some(batch) => state = self.fetch(state, batch, false),
-                None => {
-                    state.taken.insert(name.to_owned());
-                    return None;
-                }
+            // further on is read alone and taken out of its batch, so the consumer does not
+            // wait for bytes it did not ask for: a model's final norm, last in the file and in
+            // a batch of the last layer's weights, asked for before the first layer, kept
+            // candle's Llama constructor waiting over 100 ms for 12.5 MiB.
+            let number = state.planned.get(name).copied()?;
+            let next = state.plan.front().is_some_and(|(next, _)| *next == number);
+            if !next && !self.lazy.contains_key(name) {
+                state.unplan(name, number);
+                // The batch at the front of the plan may have changed.
+                self.changed.notify_all();
+                return None;
             }
+            let batch = state.start(number)?;
+            state = self.fetch(state, batch, false);
         }
     }
 }
@@ -706,17 +709,17 @@ fn batches(
     out
 }
 
-/// How many parts a tensor of `len` bytes is read in: as many as `batch_bytes` divides it
+/// How many parts a tensor of `len` bytes is read in: as many as `part_bytes` divides it
 /// into, rounded to the nearest (at least one), as an object store cuts a long range into
 /// requests.
-fn part_count(len: u64, batch_bytes: u64) -> u64 {
-    let batch_bytes = batch_bytes.max(1);
-    (len / batch_bytes + u64::from(len % batch_bytes >= batch_bytes.div_ceil(2))).max(1)
+fn part_count(len: u64, part_bytes: u64) -> u64 {
+    let part_bytes = part_bytes.max(1);
+    (len / part_bytes + u64::from(len % part_bytes >= part_bytes.div_ceil(2))).max(1)
 }
 
 /// The [`part_count`] parts of a tensor of `len` bytes, of equal length.
-fn parts(len: u64, batch_bytes: u64) -> impl Iterator<Item = Range<u64>> {
-    let count = part_count(len, batch_bytes);
+fn parts(len: u64, part_bytes: u64) -> impl Iterator<Item = Range<u64>> {
+    let count = part_count(len, part_bytes);
     let part = len.div_ceil(count).max(1);
     (0..count)
         .map(move |i| i.saturating_mul(part).min(len)..(i + 1).saturating_mul(part).min(len))

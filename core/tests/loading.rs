@@ -255,6 +255,10 @@ fn a_tensor_asked_for_far_ahead_of_the_plan_is_read_alone_and_the_next_batch_who
         );
     }
     assert_eq!(fetched(), 60_000, "each tensor fetched once");
+    // Every batch but the one both tensors read alone were taken out of came as a batch (the
+    // tensors read alone are single reads): left in the plan, that emptied batch would have
+    // stood at its front, and the tensors asked for behind it been read alone one by one.
+    assert_eq!(source.fetches.load(Ordering::SeqCst), 37);
 }
 
 #[test]
