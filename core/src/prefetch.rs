@@ -18,10 +18,9 @@ use crate::{Bytes, Error, ErrorKind, Result};
 
 /// Batches fetched at once, each a sixteenth of the budget (half that in the plan's last half
 /// budget): with an object store's default budget (256 MiB) and request length (16 MiB), one
-/// request per batch and sixteen in flight,
-/// each batch handed over as soon as its one request is in, and a batch held back only as long
-/// as the consumer takes to use one. Fewer, larger batches would hold the budget for the
-/// slowest request of each.
+/// request per batch and sixteen in flight, each batch handed over as soon as its one request
+/// is in, and a batch held back only as long as the consumer takes to use one. Fewer, larger
+/// batches would hold the budget for the slowest request of each.
 const WORKERS: usize = 16;
 
 /// The shortest part length a tensor is cut to (its parts, as many as that length divides it
@@ -51,9 +50,9 @@ pub enum PrefetchPlan {
 /// next to start has that batch fetched at once on the asking thread (the consumer has caught
 /// up with the plan); one further on in the plan (a model's final norm, asked for before its
 /// layers) is taken out of its batch and read alone, as is one not in the plan (a tensor read
-/// in parts is a batch of its own, fetched at once in its parts). So memory holds at most the budget plus one batch or
-/// the largest tensor. Each planned tensor is handed over once: asking for it again reads it
-/// again.
+/// in parts is a batch of its own, fetched at once in its parts). So memory holds at most the
+/// budget plus one batch or the largest tensor. Each planned tensor is handed over once: asking
+/// for it again reads it again.
 ///
 /// A budget of 0 (a source that gains nothing from reading ahead: memory, a map, a local file)
 /// starts no threads and passes every call through.
@@ -67,9 +66,9 @@ pub enum PrefetchPlan {
 /// asked for, stays within two budgets (or one batch, when that is larger). A tensor of one
 /// and a half batches or more (an embedding table) is then read in parts of about a batch
 /// (half a batch in the plan's last half budget; parts are cut to 64 KiB or more), each
-/// started as a batch would be, ahead of the batches after it, where the
-/// source can read part of a tensor ([`WeightSource::lazy_tensor`]): held whole, it would hold
-/// the room of all its reads until the last one is in.
+/// started as a batch would be, ahead of the batches after it, where the source can read part
+/// of a tensor ([`WeightSource::lazy_tensor`]): held whole, it would hold the room of all its
+/// reads until the last one is in.
 ///
 /// A batch that fails is not an error until its tensors are asked for: each is then read
 /// alone, and that read's error is the one returned, naming the tensor.
@@ -190,13 +189,7 @@ impl<W: WeightSource + 'static> Prefetched<W> {
         };
         // The plan's last half budget, its last round of requests, is cut to half a batch.
         let tail_at = tail_start(&tensors, budget);
-        let batch_at = |at: usize| {
-            if at < tail_at {
-                batch_bytes
-            } else {
-                batch_bytes / 2
-            }
-        };
+        let tail_batch_bytes = batch_bytes / 2;
         // Only landed in the consumer's memory: read in parts, a tensor needs its whole memory
         // before its first part starts, which the consumer's allocator gives.
         let lazy: HashMap<String, (StoredTensor, u64)> = match allocator {
@@ -204,7 +197,11 @@ impl<W: WeightSource + 'static> Prefetched<W> {
                 .iter()
                 .enumerate()
                 .filter_map(|(at, (name, len))| {
-                    let part_bytes = batch_at(at);
+                    let part_bytes = if at < tail_at {
+                        batch_bytes
+                    } else {
+                        tail_batch_bytes
+                    };
                     if part_bytes < MIN_PART || part_count(*len, part_bytes) == 1 {
                         return None;
                     }
@@ -218,7 +215,7 @@ impl<W: WeightSource + 'static> Prefetched<W> {
         let in_parts = |name: &str| lazy.contains_key(name);
         let tail = tensors.split_off(tail_at);
         let mut cut = batches(tensors, batch_bytes, in_parts);
-        cut.extend(batches(tail, batch_bytes / 2, in_parts));
+        cut.extend(batches(tail, tail_batch_bytes, in_parts));
         let batches = cut;
         let workers = batches.len().min(WORKERS);
         let planned = batches
