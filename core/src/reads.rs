@@ -75,16 +75,53 @@ const LOCAL_READERS: usize = 2;
 /// store): one request each, the object-store backend's default request length.
 const REMOTE_WINDOW: u64 = 16 << 20;
 
+/// `range` cut into windows of `window` bytes, but where the range holds both, the first
+/// `ramp` grow from `window / ramp` to `window` and the last `ramp` shrink back the same way.
+fn windows(range: Range<u64>, window: u64, ramp: usize) -> Vec<Range<u64>> {
+    let len = range.end - range.start;
+    // Two ramps of n windows take more than n whole windows, so a range shorter than that has
+    // none (and a budget without bounds is never summed).
+    let ramp = if ramp as u64 <= len / window.max(1) {
+        ramp
+    } else {
+        0
+    };
+    let step = |k: usize| (window * (k as u64 + 1) / ramp as u64).max(1);
+    let ramped = 2 * (0..ramp).map(step).sum::<u64>();
+    let ramp = if ramped <= len { ramp } else { 0 };
+    let body = len - if ramp > 0 { ramped } else { 0 };
+    let lengths = (0..ramp)
+        .map(step)
+        .chain((0..body.div_ceil(window)).map(|i| window.min(body - i * window)))
+        .chain((0..ramp).rev().map(step));
+    let mut start = range.start;
+    lengths
+        .map(|len| {
+            start += len;
+            start - len..start
+        })
+        .collect()
+}
+
 /// Reads `range` of `source` in order, window by window, hands every window to `each` on
 /// the calling thread, and returns the CRC32C of all of it: a sequential copy or checksum.
+///
 /// From a source that gains from reading ahead ([`Source::fetch_ahead`] above 0: an object
 /// store), windows of 16 MiB are read on as many worker threads as the fetch budget holds,
 /// each into a buffer of its own reused from window to window, so the store's connections
-/// stay busy while memory holds the budget; anything else is read in 8 MiB windows on two
-/// threads, one window ahead of `each`, so that reading the next window overlaps what `each`
-/// does with this one (a copy from a local file into an upload ran 1.13× a save from memory
-/// reading on the calling thread, 1.03× reading ahead: docs/BENCHMARKS.md, tiered). Each
-/// window's CRC32C is taken by the thread that read it, and only combined on the calling
+/// stay busy while memory holds the budget. Where the range is long enough, the first n
+/// windows grow from 1/n of a window to a whole one and the last n shrink back (n the windows
+/// in flight): `each` starts after a short read instead of waiting out a whole window's
+/// transfer with nothing to do, the windows after the first n arrive spread out instead of
+/// together, and the last ones end close together, as the first n started apart
+/// (docs/BENCHMARKS.md, cold start, the copies).
+///
+/// Anything else is read in 8 MiB windows on two threads, one window ahead of `each`, so that
+/// reading the next window overlaps what `each` does with this one (a copy from a local file
+/// into an upload ran 1.13× a save from memory reading on the calling thread, 1.03× reading
+/// ahead: docs/BENCHMARKS.md, tiered).
+///
+/// Each window's CRC32C is taken by the thread that read it, and only combined on the calling
 /// thread, which is the one a copy's writes wait on.
 ///
 /// # Errors
@@ -103,10 +140,8 @@ pub fn read_in_order<S: Source + ?Sized>(
     } else {
         (LOCAL_WINDOW, LOCAL_READERS)
     };
-    let windows: Vec<Range<u64>> = (range.start..range.end)
-        .step_by(usize::try_from(window).unwrap_or(usize::MAX))
-        .map(|start| start..range.end.min(start + window))
-        .collect();
+    let ramp = if ahead > 0 { in_flight } else { 0 };
+    let windows = windows(range.clone(), window, ramp);
     let workers = in_flight.clamp(1, windows.len().max(1));
     let mut crc = 0;
     if workers == 1 {
@@ -168,4 +203,33 @@ pub fn read_in_order<S: Source + ?Sized>(
         }
         Ok(crc)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::windows;
+
+    fn lengths(range: std::ops::Range<u64>, window: u64, ramp: usize) -> Vec<u64> {
+        let windows = windows(range.clone(), window, ramp);
+        assert_eq!(windows.first().map(|w| w.start), Some(range.start));
+        assert_eq!(windows.last().map(|w| w.end), Some(range.end));
+        assert!(windows.windows(2).all(|pair| pair[0].end == pair[1].start));
+        windows.iter().map(|w| w.end - w.start).collect()
+    }
+
+    #[test]
+    fn the_first_windows_grow_to_a_whole_one_and_the_last_shrink_back() {
+        assert_eq!(lengths(10..110, 16, 4), [4, 8, 12, 16, 16, 4, 16, 12, 8, 4]);
+        assert_eq!(lengths(10..110, 16, 0), [16, 16, 16, 16, 16, 16, 4]);
+        // Too short to hold both ramps: whole windows.
+        assert_eq!(lengths(10..89, 16, 4), [16, 16, 16, 16, 15]);
+        assert_eq!(lengths(10..90, 16, 4), [4, 8, 12, 16, 16, 12, 8, 4]);
+        // However many windows the budget would hold, the range bounds them.
+        assert_eq!(
+            lengths(10..110, 16, usize::MAX),
+            [16, 16, 16, 16, 16, 16, 4]
+        );
+        // A step that rounds down to nothing is a byte.
+        assert_eq!(lengths(0..12, 2, 4), [1, 1, 1, 2, 2, 2, 1, 1, 1]);
+    }
 }

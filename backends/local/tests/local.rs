@@ -473,13 +473,16 @@ fn rename_no_replace_takes_a_free_name_and_refuses_a_taken_one() {
     assert_eq!(fs::read(&b).expect("read"), b"b");
 }
 
-/// A source in memory that says it gains from reading ahead, as an object store does, and
-/// notes the threads that read it; reads from `fail_at` on fail.
+/// A source in memory that says it gains from reading `ahead` bytes ahead, as an object store
+/// does, and notes the threads that read it and each read's offset and length; reads from
+/// `fail_at` on fail.
 #[derive(Debug)]
 struct ReadAhead {
     inner: weightbay::MemorySource,
     readers: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+    reads: std::sync::Mutex<Vec<(u64, u64)>>,
     fail_at: u64,
+    ahead: u64,
 }
 
 impl ReadAhead {
@@ -487,8 +490,17 @@ impl ReadAhead {
         Self {
             inner: weightbay::MemorySource::new(weightbay::SharedBytes::from(data)),
             readers: std::sync::Mutex::default(),
+            reads: std::sync::Mutex::default(),
             fail_at,
+            ahead: 64 << 20,
         }
+    }
+
+    /// The lengths read, in the order of their offsets.
+    fn read_lengths(&self) -> Vec<u64> {
+        let mut reads = self.reads.lock().unwrap().clone();
+        reads.sort_unstable();
+        reads.into_iter().map(|(_, len)| len).collect()
     }
 }
 
@@ -501,13 +513,14 @@ impl weightbay::Source for ReadAhead {
             .lock()
             .unwrap()
             .insert(std::thread::current().id());
+        self.reads.lock().unwrap().push((offset, buf.len() as u64));
         if offset + buf.len() as u64 > self.fail_at {
             return Err(weightbay::Error::new(ErrorKind::Io, "refused for the test"));
         }
         self.inner.read_at(offset, buf)
     }
     fn fetch_ahead(&self) -> u64 {
-        64 << 20
+        self.ahead
     }
 }
 
@@ -520,16 +533,40 @@ fn a_copy_from_a_store_reads_ahead_on_several_threads_and_lands_whole() {
     let data: Vec<u8> = (0..(50u64 << 20) + 12_345)
         .map(|i| (i % 251) as u8)
         .collect();
+    // Copies `source` to `key` and checks what landed and the CRC32C returned.
+    let copy_whole = |key: &str, source: &ReadAhead| {
+        let crc = storage
+            .copy_in(key, source, CreateOptions::default())
+            .unwrap();
+        assert_eq!(crc, weightbay::checksum::crc32c(&data));
+        assert!(fs::read(dir.path().join(key)).unwrap() == data);
+    };
     let source = ReadAhead::new(data.clone(), u64::MAX);
-    let crc = storage
-        .copy_in("copied.bpk", &source, CreateOptions::default())
-        .unwrap();
-    assert_eq!(crc, weightbay::checksum::crc32c(&data));
-    assert!(fs::read(dir.path().join("copied.bpk")).unwrap() == data);
+    copy_whole("copied.bpk", &source);
     assert!(
         source.readers.lock().unwrap().len() > 1,
         "the windows were read on one thread"
     );
+    // Four windows in flight, and the copy is too short for them to ramp up (4, 8, 12 and
+    // 16 MiB) and down: whole windows only.
+    const MIB: u64 = 1 << 20;
+    assert_eq!(
+        source.read_lengths(),
+        [16 * MIB, 16 * MIB, 16 * MIB, 2 * MIB + 12_345]
+    );
+
+    // Two in flight: the first two windows grow from half a window to a whole one, so the
+    // copy's writes start after a short read, and the last two shrink back.
+    let ramped = ReadAhead {
+        ahead: 32 << 20,
+        ..ReadAhead::new(data.clone(), u64::MAX)
+    };
+    copy_whole("ramped.bpk", &ramped);
+    assert_eq!(
+        ramped.read_lengths(),
+        [8 * MIB, 16 * MIB, 2 * MIB + 12_345, 16 * MIB, 8 * MIB]
+    );
+    storage.delete("ramped.bpk").unwrap();
 
     // A read failing part-way leaves the copy as it was and no scratch file behind.
     let failing = ReadAhead::new(vec![9; 40 << 20], 30 << 20);
