@@ -76,24 +76,25 @@ const LOCAL_READERS: usize = 2;
 const REMOTE_WINDOW: u64 = 16 << 20;
 
 /// `range` cut into windows of `window` bytes, but where the range holds both, the first
-/// `ramp` grow from `window / ramp` to `window` and the last `ramp` shrink back the same way.
+/// `ramp` grow from `window / ramp` to `window` and the last `ramp` shrink back the same way;
+/// a short last whole-window remainder goes just before the shrinking ones.
 fn windows(range: Range<u64>, window: u64, ramp: usize) -> Vec<Range<u64>> {
-    let len = range.end - range.start;
-    // Two ramps of n windows take more than n whole windows, so a range shorter than that has
-    // none (and a budget without bounds is never summed).
-    let ramp = if ramp as u64 <= len / window.max(1) {
+    let len = range.end.saturating_sub(range.start);
+    // Two ramps of n windows take more than n whole windows: a range shorter than that has
+    // none, and a ramp of more steps than the range has windows is never summed.
+    let steps = if ramp as u64 <= len / window.max(1) {
         ramp
     } else {
         0
     };
-    let step = |k: usize| (window * (k as u64 + 1) / ramp as u64).max(1);
-    let ramped = 2 * (0..ramp).map(step).sum::<u64>();
-    let ramp = if ramped <= len { ramp } else { 0 };
-    let body = len - if ramp > 0 { ramped } else { 0 };
-    let lengths = (0..ramp)
+    let step = |k: usize| (window * (k as u64 + 1) / steps as u64).max(1);
+    let ramped = 2 * (0..steps).map(step).sum::<u64>();
+    let steps = if ramped <= len { steps } else { 0 };
+    let body = len - if steps > 0 { ramped } else { 0 };
+    let lengths = (0..steps)
         .map(step)
         .chain((0..body.div_ceil(window)).map(|i| window.min(body - i * window)))
-        .chain((0..ramp).rev().map(step));
+        .chain((0..steps).rev().map(step));
     let mut start = range.start;
     lengths
         .map(|len| {
@@ -145,7 +146,7 @@ pub fn read_in_order<S: Source + ?Sized>(
     let workers = in_flight.clamp(1, windows.len().max(1));
     let mut crc = 0;
     if workers == 1 {
-        let mut buffer = vec![0; window.min(range.end - range.start) as usize];
+        let mut buffer = vec![0; window.min(range.end.saturating_sub(range.start)) as usize];
         // Every window is at most `window` long and lies inside `range`: within the buffer.
         for piece in &windows {
             let chunk = &mut buffer[..(piece.end - piece.start) as usize];
@@ -214,7 +215,18 @@ mod tests {
         assert_eq!(windows.first().map(|w| w.start), Some(range.start));
         assert_eq!(windows.last().map(|w| w.end), Some(range.end));
         assert!(windows.windows(2).all(|pair| pair[0].end == pair[1].start));
-        windows.iter().map(|w| w.end - w.start).collect()
+        let lengths: Vec<u64> = windows.iter().map(|w| w.end - w.start).collect();
+        // Each window is read into a buffer `window` bytes long.
+        assert!(lengths.iter().all(|len| (1..=window).contains(len)));
+        lengths
+    }
+
+    #[test]
+    fn an_empty_or_reversed_range_has_no_windows() {
+        assert!(windows(5..5, 16, 4).is_empty());
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = windows(9..5, 16, 4);
+        assert!(reversed.is_empty());
     }
 
     #[test]
@@ -224,7 +236,9 @@ mod tests {
         // Too short to hold both ramps: whole windows.
         assert_eq!(lengths(10..89, 16, 4), [16, 16, 16, 16, 15]);
         assert_eq!(lengths(10..90, 16, 4), [4, 8, 12, 16, 16, 12, 8, 4]);
-        // However many windows the budget would hold, the range bounds them.
+        // A ramp of one step is whole windows; one of more steps than the range has windows
+        // is none.
+        assert_eq!(lengths(10..110, 16, 1), [16, 16, 16, 16, 16, 4, 16]);
         assert_eq!(
             lengths(10..110, 16, usize::MAX),
             [16, 16, 16, 16, 16, 16, 4]
