@@ -76,8 +76,8 @@ const LOCAL_READERS: usize = 2;
 const REMOTE_WINDOW: u64 = 16 << 20;
 
 /// `range` cut into windows of `window` bytes, but where the range holds both, the first
-/// `ramp` grow from `window / ramp` to `window` and the last `ramp` shrink back the same way;
-/// a short last whole-window remainder goes just before the shrinking ones.
+/// `ramp` grow from `window / ramp` to `window` and the last `ramp` shrink back the same way.
+/// What is left between them shorter than a window comes last before the shrinking ones.
 fn windows(range: Range<u64>, window: u64, ramp: usize) -> Vec<Range<u64>> {
     let len = range.end.saturating_sub(range.start);
     // Two ramps of n windows take more than n whole windows: a range shorter than that has
