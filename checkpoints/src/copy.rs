@@ -1,7 +1,7 @@
 //! Copying a checkpoint between storages: every container streamed across with its CRC32C
 //! compared to the record on the way, the record written last, as a save would.
 
-use weightbay::backend_kit::{read_in_order, unique_token};
+use weightbay::backend_kit::{copy_to_sink, unique_token};
 use weightbay::checksum::crc32c_combine;
 use weightbay::{
     CreateOptions, Durability, Error, ErrorKind, Result, Sink, Source, Storage, StorageExt,
@@ -341,8 +341,8 @@ fn finish_checked(
         )
         .with_key(key));
     }
-    let rest = read_in_order(source, len..source.len(), |window| sink.write(window))
-        .map_err(|e| e.with_key(key))?;
+    let rest =
+        copy_to_sink(source, len..source.len(), sink.as_mut()).map_err(|e| e.with_key(key))?;
     let rest_len = usize::try_from(source.len() - len).unwrap_or(usize::MAX);
     container.check_crc(crc32c_combine(crc, rest, rest_len), from)?;
     sink.commit()

@@ -304,6 +304,28 @@ impl Source for Spliced {
         Ok(())
     }
 
+    /// Each part of the range streamed from its stored container in turn, the pieces' offsets
+    /// moved to where the part lies in this container.
+    fn read_in_pieces(
+        &self,
+        range: Range<u64>,
+        each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        check_ranges(std::slice::from_ref(&range), self.len)?;
+        let mut parts = Vec::new();
+        self.parts(0, &range, &mut parts);
+        for part in parts {
+            let (key, source) = &self.stored[part.stored];
+            let moved_by = range.start + part.to;
+            source
+                .read_in_pieces(part.offset..part.offset + part.len, &mut |offset, piece| {
+                    each(offset - part.offset + moved_by, piece)
+                })
+                .map_err(|e| e.with_key(key))?;
+        }
+        Ok(())
+    }
+
     fn fetch_ahead(&self) -> u64 {
         self.stored
             .iter()

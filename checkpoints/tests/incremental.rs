@@ -107,6 +107,20 @@ fn an_increment_writes_only_the_changed_chunks_and_reads_like_a_full_save() {
     let mut spliced = vec![0; reader.source().len() as usize];
     reader.source().read_at(0, &mut spliced).unwrap();
     assert_eq!(spliced, full_bytes);
+    // Streamed in pieces, as a copy reads it: each piece where it says, across the pieces'
+    // containers (the changed chunk lies in the increment, the rest in the base).
+    for range in [0..spliced.len() as u64, 9000..20_000, 12_288..140_000] {
+        let mut streamed = Vec::new();
+        reader
+            .source()
+            .read_in_pieces(range.clone(), &mut |offset, piece| {
+                assert_eq!(offset, range.start + streamed.len() as u64);
+                streamed.extend_from_slice(piece);
+                Ok(())
+            })
+            .unwrap();
+        assert!(streamed == spliced[range.start as usize..range.end as usize]);
+    }
 }
 
 #[test]

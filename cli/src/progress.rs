@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use weightbay::{
-    Capabilities, CreateOptions, Error, ErrorKind, PendingWrite, Result, Sink, Source, Storage,
+    Capabilities, CreateOptions, Error, ErrorKind, PendingWrite, PositionedWrite, Result, Sink,
+    Source, Storage,
 };
 
 /// Forwards to a storage; its sinks report progress, and fail with
@@ -77,14 +78,35 @@ struct CountingSink {
     cancel: Arc<AtomicBool>,
 }
 
+/// Fails once the cancel flag is set.
+fn check_cancel(cancel: &AtomicBool) -> Result<()> {
+    if cancel.load(Ordering::SeqCst) {
+        return Err(Error::new(
+            ErrorKind::Interrupted,
+            "interrupted; the destination is as it was",
+        ));
+    }
+    Ok(())
+}
+
 impl CountingSink {
     fn check_cancel(&self) -> Result<()> {
-        if self.cancel.load(Ordering::SeqCst) {
-            return Err(Error::new(
-                ErrorKind::Interrupted,
-                "interrupted; the destination is as it was",
-            ));
-        }
+        check_cancel(&self.cancel)
+    }
+}
+
+/// A counting sink's writes by position, counted and cancelled as its appends are.
+struct CountingWrites<'a> {
+    inner: Box<dyn PositionedWrite + 'a>,
+    bar: ProgressBar,
+    cancel: &'a AtomicBool,
+}
+
+impl PositionedWrite for CountingWrites<'_> {
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        check_cancel(self.cancel)?;
+        self.inner.write_at(offset, data)?;
+        self.bar.inc(data.len() as u64);
         Ok(())
     }
 }
@@ -105,5 +127,12 @@ impl Sink for CountingSink {
     fn commit(self: Box<Self>) -> Result<()> {
         self.check_cancel()?;
         self.inner.commit()
+    }
+    fn positioned(&mut self) -> Option<Box<dyn PositionedWrite + '_>> {
+        Some(Box::new(CountingWrites {
+            inner: self.inner.positioned()?,
+            bar: self.bar.clone(),
+            cancel: &self.cancel,
+        }))
     }
 }

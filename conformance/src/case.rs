@@ -28,6 +28,7 @@ macro_rules! with_cases {
             crash::power_loss_at_every_operation => PowerLossAtEveryOperation,
             crash::process_crash_at_every_step => ProcessCrashAtEveryStep,
             read_back::read_back_follows_writes => ReadBackFollowsWrites,
+            positioned::positioned_writes_land_whole => PositionedWritesLandWhole,
             reads::readers_keep_their_version => ReadersKeepTheirVersion,
             reads::batched_reads_match_single_reads => BatchedReadsMatchSingleReads,
             reads::corrupt_containers_fail_cleanly => CorruptContainersFailCleanly,

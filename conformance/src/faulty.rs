@@ -11,8 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use weightbay::backend_kit::{FileHandle, FileSystem};
 use weightbay::{
-    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, ReadBack, Result,
-    Sink, Source, Storage,
+    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, PositionedWrite,
+    ReadBack, Result, Sink, Source, Storage,
 };
 
 /// Counts operations and fails the one numbered `fail_at` (1-based) with
@@ -292,6 +292,26 @@ impl Sink for FaultySink {
             plan: self.plan.clone(),
         }))
     }
+
+    fn positioned(&mut self) -> Option<Box<dyn PositionedWrite + '_>> {
+        Some(Box::new(FaultyWrites {
+            inner: self.inner.positioned()?,
+            plan: self.plan.clone(),
+        }))
+    }
+}
+
+/// A sink's writes by position, each following the sink's [`FaultPlan`].
+struct FaultyWrites<'a> {
+    inner: Box<dyn PositionedWrite + 'a>,
+    plan: FaultPlan,
+}
+
+impl PositionedWrite for FaultyWrites<'_> {
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.plan
+            .storage_op("write_at", || self.inner.write_at(offset, data))
+    }
 }
 
 /// A sink's read-back whose reads follow the sink's [`FaultPlan`].
@@ -349,6 +369,15 @@ impl Source for FaultySource {
 
     fn fetch_ahead(&self) -> u64 {
         self.inner.fetch_ahead()
+    }
+
+    fn read_in_pieces(
+        &self,
+        range: Range<u64>,
+        each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.plan
+            .storage_op("read_in_pieces", || self.inner.read_in_pieces(range, each))
     }
 }
 
@@ -451,6 +480,11 @@ impl FileHandle for FaultyFile {
     fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         self.plan
             .file_op("file write", || self.inner.write_all(data))
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.plan
+            .file_op("file write at", || self.inner.write_at(offset, data))
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {

@@ -185,6 +185,20 @@ impl FileHandle for SimFile {
         })
     }
 
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.disk.operate(|state| {
+            let bytes = &mut state.inodes[self.inode].written;
+            let start = usize::try_from(offset)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            let end = start.saturating_add(data.len());
+            if bytes.len() < end {
+                bytes.resize(end, 0);
+            }
+            bytes[start..end].copy_from_slice(data);
+            Ok(())
+        })
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.disk.operate(|state| {
             let bytes = &state.inodes[self.inode].written;

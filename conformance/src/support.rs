@@ -96,6 +96,13 @@ pub(crate) fn parse_seed(hex: &str) -> Option<[u8; 32]> {
     Some(seed)
 }
 
+/// Bytes of a recognisable pattern, different for each `seed`.
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
 /// Every byte stored at `key`, or the error of opening or reading it.
 pub(crate) fn stored(storage: &dyn Storage, key: &str) -> weightbay::Result<Vec<u8>> {
     let source = storage.open(key)?;

@@ -13,16 +13,23 @@ use std::path::Path;
 /// An open file.
 ///
 /// # Contract
-/// Writes append at the end of what this handle wrote so far. `read_at` fills `buf` exactly or
-/// fails with `UnexpectedEof`. `sync_all` makes the written bytes and the file's length
-/// durable: after it returns they survive power loss (the directory entry does not, until
-/// [`FileSystem::sync_dir`]).
+/// Writes append at the end of what this handle wrote so far; `write_at` writes at its offset,
+/// from any thread, extending the file where it ends past it, and moves no append position.
+/// `read_at` fills `buf` exactly or fails with `UnexpectedEof`. `sync_all` makes the written
+/// bytes (appended or not) and the file's length durable: after it returns they survive power
+/// loss (the directory entry does not, until [`FileSystem::sync_dir`]).
 pub trait FileHandle: Send + Sync + fmt::Debug {
     /// Appends `data`.
     ///
     /// # Errors
     /// The operating system's error.
     fn write_all(&mut self, data: &[u8]) -> io::Result<()>;
+
+    /// Writes all of `data` at `offset`.
+    ///
+    /// # Errors
+    /// The operating system's error.
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()>;
 
     /// Reads exactly `buf.len()` bytes at `offset`.
     ///

@@ -36,6 +36,7 @@ mod background;
 mod bytes;
 mod capabilities;
 pub mod checksum;
+mod copy;
 mod dtype;
 mod error;
 pub mod format;
@@ -71,7 +72,7 @@ pub use prefetch::{PrefetchPlan, Prefetched};
 pub use reader::{Loaded, Reader, VerifyReport, retry_on_change};
 pub use sharded::{ShardedSummary, ShardedWeights, ShardedWriter};
 pub use staging::{Staged, StagedSegment, StagingPool};
-pub use storage::{Listed, PendingWrite, ReadBack, Sink, Source, Storage};
+pub use storage::{Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
 pub use storage_ext::StorageExt;
 pub use tensor::Tensor;
 pub use weights::{

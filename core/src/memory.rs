@@ -11,9 +11,9 @@ use crate::bytes::SharedBytes;
 use crate::capabilities::Capabilities;
 use crate::keys::{is_under, validate_key, validate_prefix};
 use crate::options::{CreateOptions, WriteMode, check_deadline};
-use crate::ranges::check_range;
+use crate::ranges::{check_range, check_written};
 use crate::reads::fetch_views;
-use crate::storage::{Listed, PendingWrite, ReadBack, Sink, Source, Storage};
+use crate::storage::{Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
 #[derive(Debug, Default)]
@@ -81,6 +81,9 @@ impl Storage for MemoryStorage {
             key: key.to_owned(),
             create_new: options.mode == WriteMode::CreateNew,
             deadline: options.deadline,
+            expected_len: options.expected_len,
+            appended: 0,
+            positioned: false,
             written: Arc::new(Mutex::new(Written::Writing(Vec::with_capacity(capacity)))),
         }))
     }
@@ -140,6 +143,11 @@ struct MemorySink {
     key: String,
     create_new: bool,
     deadline: Option<Instant>,
+    expected_len: Option<u64>,
+    /// Where the next append goes: the end of the last one, whatever was written by position.
+    appended: usize,
+    /// Whether [`Sink::positioned`] was taken: the commit then checks the length.
+    positioned: bool,
     /// Shared with the sink's [`ReadBack`]s, which keep reading it after the commit.
     written: Arc<Mutex<Written>>,
 }
@@ -158,10 +166,23 @@ impl Written {
             Self::Published(bytes) => bytes,
         }
     }
+
+    /// Puts `data` at `offset` of the bytes being written, zeros before it where they end
+    /// short of it.
+    fn put(&mut self, offset: usize, data: &[u8]) {
+        let Self::Writing(buffer) = self else {
+            unreachable!("a sink is published only by its commit, which consumes it");
+        };
+        let end = offset + data.len();
+        if buffer.len() < end {
+            buffer.resize(end, 0);
+        }
+        buffer[offset..end].copy_from_slice(data);
+    }
 }
 
 fn lock_written(written: &Mutex<Written>) -> MutexGuard<'_, Written> {
-    // Every update is one append or one swap: a panic cannot leave it half done.
+    // Every update is one copy in place or one swap: a panic cannot leave it half done.
     written
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -170,11 +191,8 @@ fn lock_written(written: &Mutex<Written>) -> MutexGuard<'_, Written> {
 impl Sink for MemorySink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
         check_deadline(self.deadline, "writing").map_err(|e| e.with_key(&self.key))?;
-        let mut written = lock_written(&self.written);
-        let Written::Writing(buffer) = &mut *written else {
-            unreachable!("a sink is published only by its commit, which consumes it");
-        };
-        buffer.extend_from_slice(data);
+        lock_written(&self.written).put(self.appended, data);
+        self.appended += data.len();
         Ok(())
     }
 
@@ -191,6 +209,10 @@ impl Sink for MemorySink {
         let Written::Writing(buffer) = &mut *written else {
             unreachable!("a sink is committed once: its commit consumes it");
         };
+        if self.positioned {
+            check_written(self.expected_len, buffer.len() as u64)
+                .map_err(|e| e.with_key(&self.key))?;
+        }
         let data = bytes::Bytes::from(std::mem::take(buffer));
         *written = Written::Published(data.clone());
         state.objects.insert(self.key.clone(), data);
@@ -199,6 +221,35 @@ impl Sink for MemorySink {
 
     fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
         Some(Arc::new(MemoryReadBack(Arc::clone(&self.written))))
+    }
+
+    fn positioned(&mut self) -> Option<Box<dyn PositionedWrite + '_>> {
+        let expected_len = self.expected_len?;
+        self.positioned = true;
+        Some(Box::new(MemoryWrites {
+            sink: self,
+            expected_len,
+        }))
+    }
+}
+
+/// A memory sink written by position ([`Sink::positioned`]).
+struct MemoryWrites<'a> {
+    sink: &'a MemorySink,
+    expected_len: u64,
+}
+
+impl PositionedWrite for MemoryWrites<'_> {
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let key = &self.sink.key;
+        check_deadline(self.sink.deadline, "writing").map_err(|e| e.with_key(key))?;
+        let range = offset..offset.saturating_add(data.len() as u64);
+        check_range(&range, self.expected_len).map_err(|e| e.with_key(key))?;
+        let offset = usize::try_from(offset).map_err(|_| {
+            Error::new(ErrorKind::OutOfRange, "an offset past memory").with_key(key)
+        })?;
+        lock_written(&self.sink.written).put(offset, data);
+        Ok(())
     }
 }
 

@@ -75,6 +75,21 @@ const LOCAL_READERS: usize = 2;
 /// store): one request each, the object-store backend's default request length.
 const REMOTE_WINDOW: u64 = 16 << 20;
 
+/// The window a reader going through `source` in order reads at a time, and how many it
+/// reads at once: from a source that gains from reading ahead, as many [`REMOTE_WINDOW`]s as
+/// its fetch budget holds; else [`LOCAL_READERS`] of [`LOCAL_WINDOW`].
+pub(crate) fn in_order_reads<S: Source + ?Sized>(source: &S) -> (u64, usize) {
+    let ahead = source.fetch_ahead();
+    if ahead > 0 {
+        (
+            REMOTE_WINDOW,
+            usize::try_from(ahead / REMOTE_WINDOW).unwrap_or(1),
+        )
+    } else {
+        (LOCAL_WINDOW, LOCAL_READERS)
+    }
+}
+
 /// `range` cut into windows of `window` bytes, but where the range holds both, the first
 /// `ramp` grow from `window / ramp` to `window` and the last `ramp` shrink back the same way.
 /// What is left between them shorter than a window comes last before the shrinking ones.
@@ -133,14 +148,7 @@ pub fn read_in_order<S: Source + ?Sized>(
     mut each: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<u32> {
     let ahead = source.fetch_ahead();
-    let (window, in_flight) = if ahead > 0 {
-        (
-            REMOTE_WINDOW,
-            usize::try_from(ahead / REMOTE_WINDOW).unwrap_or(1),
-        )
-    } else {
-        (LOCAL_WINDOW, LOCAL_READERS)
-    };
+    let (window, in_flight) = in_order_reads(source);
     let ramp = if ahead > 0 { in_flight } else { 0 };
     let windows = windows(range.clone(), window, ramp);
     let workers = in_flight.clamp(1, windows.len().max(1));

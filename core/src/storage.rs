@@ -21,6 +21,8 @@ use crate::{Bytes, Error, ErrorKind, Result};
 ///   since `open`, it returns the old bytes or an error, never a mix.
 /// - [`bytes`](Self::bytes) returns the range as [`Bytes`] whose controller is the backend's
 ///   best (zero-copy view, lazy file region, lazy remote range); the default reads eagerly.
+/// - [`read_in_pieces`](Self::read_in_pieces) hands the bytes `read_at` would give to its
+///   callback in pieces, in order, each with its offset, the pieces covering the range exactly.
 /// - Sources are shared across threads; concurrent reads are allowed.
 pub trait Source: Send + Sync + fmt::Debug {
     /// Length of the container in bytes.
@@ -84,7 +86,41 @@ pub trait Source: Send + Sync + fmt::Debug {
     fn fetch_ahead(&self) -> u64 {
         0
     }
+
+    /// Reads `range` and hands it to `each` a piece at a time, in order, each piece with the
+    /// offset of its first byte: how a copy streams a long range without holding it, so one
+    /// request can carry a whole region of an object (each request pays a round trip before
+    /// its first byte). An error from `each` stops the read and is returned. The default reads
+    /// pieces of at most [`PIECE_LEN`] with [`read_at`](Self::read_at) into one buffer; an
+    /// object store streams one request's body.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] when the range is past the end, and then nothing is read;
+    /// the backend's error; `each`'s.
+    fn read_in_pieces(
+        &self,
+        range: Range<u64>,
+        each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        check_range(&range, self.len())?;
+        let len = (range.end - range.start).min(PIECE_LEN);
+        // At most PIECE_LEN, so it fits in usize.
+        let mut buffer = vec![0; len as usize];
+        let mut offset = range.start;
+        while offset < range.end {
+            let piece = &mut buffer[..(range.end - offset).min(PIECE_LEN) as usize];
+            self.read_at(offset, piece)?;
+            each(offset, piece)?;
+            offset += piece.len() as u64;
+        }
+        Ok(())
+    }
 }
+
+/// The most bytes [`Source::read_in_pieces`] hands over at once by default, and what a
+/// backend streaming a response gathers its chunks into before handing them over: a write per
+/// piece, so a few per megabyte at most.
+pub const PIECE_LEN: u64 = 1 << 20;
 
 /// `range` read with `read_at` into fresh memory.
 fn read_resident<S: Source + ?Sized>(source: &S, range: &Range<u64>) -> Result<Bytes> {
@@ -149,6 +185,38 @@ pub trait Sink: Send {
     fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
         None
     }
+
+    /// The sink's container to write by position, from several threads at once, for a sink
+    /// created with an expected length whose bytes can land anywhere before the commit (a
+    /// scratch file, a buffer in memory): how a copy writes each region of its source as it
+    /// arrives, on the thread that read it, instead of waiting for the regions before it.
+    /// `None`, the default, where they cannot (an upload takes its bytes in order) or the
+    /// sink has no expected length. The writer borrows the sink: it is dropped before the
+    /// commit. See [`PositionedWrite`] for what commit then publishes.
+    fn positioned(&mut self) -> Option<Box<dyn PositionedWrite + '_>> {
+        None
+    }
+}
+
+/// A [`Sink`]'s container written by position ([`Sink::positioned`]).
+///
+/// # Contract
+/// - [`write_at`](Self::write_at) puts `data` at `offset..offset + data.len()` of the
+///   container, from any thread and in any order; a range past the sink's expected length
+///   fails with [`ErrorKind::OutOfRange`] and writes nothing.
+/// - Appends ([`Sink::write`]) go on where the last append ended, whatever was written by
+///   position; callers write each byte once, by one of the two.
+/// - The commit publishes a container of the expected length or fails: where the furthest
+///   byte written (by either) is short of it, the key is left as it was. Bytes below it that
+///   nothing wrote read as zero.
+/// - An error from `write_at` is the sink's error, as one from [`Sink::write`]: the caller
+///   drops the sink, which leaves the key as it was.
+pub trait PositionedWrite: Send + Sync {
+    /// Writes `data` at `offset`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::OutOfRange`] past the expected length; the backend's error.
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
 }
 
 /// The bytes a [`Sink`] has written, read while it goes on writing ([`Sink::read_back`]).

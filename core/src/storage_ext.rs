@@ -1,8 +1,8 @@
 //! [`StorageExt`]: conveniences over any [`Storage`], built on its required methods.
 
 use crate::Result;
+use crate::copy::copy_to_sink;
 use crate::options::{CreateOptions, Durability, WriteMode};
-use crate::reads::read_in_order;
 use crate::storage::{Source, Storage};
 
 /// Conveniences over any [`Storage`], built on its required methods.
@@ -40,11 +40,11 @@ pub trait StorageExt: Storage {
             .map_err(|e| e.with_operation("commit").with_key(key))
     }
 
-    /// Copies all of `source` to `key`, byte for byte and in order, and returns the CRC32C of
-    /// the bytes copied: read ahead in parallel from a store that gains from it
-    /// ([`read_in_order`](crate::backend_kit::read_in_order)), written as they come, committed
-    /// last with `options` (their expected length is the source's). A failure leaves `key` as
-    /// it was.
+    /// Copies all of `source` to `key`, byte for byte, and returns the CRC32C of the bytes
+    /// copied: from a store that gains from reading ahead, read in parallel and written by
+    /// position as they arrive where the sink allows, else written in order
+    /// ([`copy_to_sink`](crate::backend_kit::copy_to_sink)); committed last with `options`
+    /// (their expected length is the source's). A failure leaves `key` as it was.
     ///
     /// # Errors
     /// The source's and the storage's errors, naming the key and the operation.
@@ -53,7 +53,7 @@ pub trait StorageExt: Storage {
         let mut sink = self
             .create(key, &options.with_expected_len(len))
             .map_err(|e| e.with_operation("create").with_key(key))?;
-        let crc = read_in_order(source, 0..len, |window| sink.write(window))
+        let crc = copy_to_sink(source, 0..len, sink.as_mut())
             .map_err(|e| e.with_operation("copy").with_key(key))?;
         sink.commit()
             .map_err(|e| e.with_operation("commit").with_key(key))?;

@@ -40,7 +40,7 @@ use weightbay::backend_kit::{
 };
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind, Listed,
-    PendingWrite, ReadBack, Result, Sink, Source, Storage, WriteMode,
+    PendingWrite, PositionedWrite, ReadBack, Result, Sink, Source, Storage, WriteMode,
 };
 
 /// The suffix of scratch files; the full name is `<name>.<pid>-<n>.tmp`.
@@ -276,6 +276,7 @@ impl Storage for LocalStorage {
                 durable,
                 written: 0,
                 expected_len: options.expected_len,
+                positioned: false,
                 deadline: options.deadline,
             }));
         }
@@ -305,6 +306,7 @@ impl Storage for LocalStorage {
             durable,
             written: 0,
             expected_len: options.expected_len,
+            positioned: false,
             deadline: options.deadline,
             new_dirs,
         }))
@@ -395,6 +397,9 @@ struct AtomicSink {
     durable: bool,
     written: u64,
     expected_len: Option<u64>,
+    /// Whether [`Sink::positioned`] was taken: the file's length, not the appends, is then what
+    /// was written.
+    positioned: bool,
     /// A file write does not block for long, so the deadline is kept between calls.
     deadline: Option<Instant>,
     /// Directories created for this save, deepest first.
@@ -415,11 +420,14 @@ impl Sink for AtomicSink {
     }
 
     fn commit(mut self: Box<Self>) -> Result<()> {
-        check_written(self.expected_len, self.written)?;
         check_deadline(self.deadline, "committing")?;
         let Some(file) = self.file.take() else {
             return Err(Error::new(ErrorKind::Io, "sink already committed"));
         };
+        check_written(
+            self.expected_len,
+            written_len(file.as_ref(), self.positioned, self.written, &self.scratch)?,
+        )?;
         if self.durable {
             file.sync_all()
                 .map_err(|e| io_error("syncing", &self.scratch, e))?;
@@ -497,6 +505,17 @@ impl Sink for AtomicSink {
         Ok(())
     }
 
+    fn positioned(&mut self) -> Option<Box<dyn PositionedWrite + '_>> {
+        let expected_len = self.expected_len?;
+        self.positioned = true;
+        Some(Box::new(FileWrites {
+            file: self.file.as_deref()?,
+            path: &self.scratch,
+            expected_len,
+            deadline: self.deadline,
+        }))
+    }
+
     fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
         // A handle that cannot be opened means no read-back: the copy then waits for the
         // commit and reads the published file, as it would from any sink.
@@ -505,6 +524,37 @@ impl Sink for AtomicSink {
             file,
             path: self.scratch.clone(),
         }))
+    }
+}
+
+/// How many bytes a local sink wrote: its appends, or where it was written by position, the
+/// file's length.
+fn written_len(file: &dyn FileHandle, positioned: bool, appended: u64, path: &Path) -> Result<u64> {
+    if !positioned {
+        return Ok(appended);
+    }
+    file.file_len()
+        .map_err(|e| io_error("reading the length of", path, e))
+}
+
+/// A local sink's file written by position ([`Sink::positioned`]).
+struct FileWrites<'a> {
+    file: &'a dyn FileHandle,
+    path: &'a Path,
+    expected_len: u64,
+    deadline: Option<Instant>,
+}
+
+impl PositionedWrite for FileWrites<'_> {
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        check_deadline(self.deadline, "writing")?;
+        check_range(
+            &(offset..offset.saturating_add(data.len() as u64)),
+            self.expected_len,
+        )?;
+        self.file
+            .write_at(offset, data)
+            .map_err(|e| io_error("writing", self.path, e).with_offset(offset))
     }
 }
 
@@ -545,6 +595,8 @@ struct InPlaceSink {
     durable: bool,
     written: u64,
     expected_len: Option<u64>,
+    /// As [`AtomicSink::positioned`].
+    positioned: bool,
     deadline: Option<Instant>,
 }
 
@@ -559,7 +611,15 @@ impl Sink for InPlaceSink {
     }
 
     fn commit(self: Box<Self>) -> Result<()> {
-        check_written(self.expected_len, self.written)?;
+        check_written(
+            self.expected_len,
+            written_len(
+                self.file.as_ref(),
+                self.positioned,
+                self.written,
+                &self.path,
+            )?,
+        )?;
         check_deadline(self.deadline, "committing")?;
         if self.durable {
             self.file
@@ -567,6 +627,17 @@ impl Sink for InPlaceSink {
                 .map_err(|e| io_error("syncing", &self.path, e))?;
         }
         Ok(())
+    }
+
+    fn positioned(&mut self) -> Option<Box<dyn PositionedWrite + '_>> {
+        let expected_len = self.expected_len?;
+        self.positioned = true;
+        Some(Box::new(FileWrites {
+            file: self.file.as_ref(),
+            path: &self.path,
+            expected_len,
+            deadline: self.deadline,
+        }))
     }
 }
 

@@ -4,6 +4,8 @@ use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
+#[cfg(target_os = "linux")]
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use weightbay::backend_kit::{FileHandle, FileSystem};
 
@@ -17,6 +19,9 @@ struct StdFile {
     file: File,
     written: u64,
     unflushed: u64,
+    /// Bytes written by position since their writeback was last started, from any thread.
+    #[cfg(target_os = "linux")]
+    unflushed_at: AtomicU64,
 }
 
 /// Every this many bytes, writeback of what was written is started in the background, so the
@@ -30,6 +35,8 @@ impl StdFile {
             file,
             written: 0,
             unflushed: 0,
+            #[cfg(target_os = "linux")]
+            unflushed_at: AtomicU64::new(0),
         }
     }
 
@@ -54,6 +61,23 @@ impl StdFile {
         self.unflushed = 0;
     }
 
+    /// After every [`WRITEBACK_EVERY`] bytes written by position, starts writeback of the
+    /// whole file: positioned writes land all over it, and pages already on their way to the
+    /// disk are passed over.
+    #[cfg(target_os = "linux")]
+    fn start_writeback_at(&self, len: usize) {
+        use std::os::fd::AsRawFd;
+        let before = self.unflushed_at.fetch_add(len as u64, Ordering::Relaxed);
+        if before + (len as u64) < WRITEBACK_EVERY {
+            return;
+        }
+        self.unflushed_at.store(0, Ordering::Relaxed);
+        // SAFETY: as in `start_writeback`; a length of 0 means to the end of the file.
+        unsafe {
+            libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
+    }
+
     #[cfg(not(target_os = "linux"))]
     fn start_writeback(&mut self) {}
 }
@@ -64,6 +88,29 @@ impl FileHandle for StdFile {
         self.written += data.len() as u64;
         self.unflushed += data.len() as u64;
         self.start_writeback();
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        #[cfg(unix)]
+        std::os::unix::fs::FileExt::write_all_at(&self.file, data, offset)?;
+        #[cfg(windows)]
+        {
+            let mut done = 0;
+            // `done < data.len()` inside the loop, so the slice below is in bounds.
+            while done < data.len() {
+                match std::os::windows::fs::FileExt::seek_write(
+                    &self.file,
+                    &data[done..],
+                    offset + done as u64,
+                )? {
+                    0 => return Err(io::ErrorKind::WriteZero.into()),
+                    n => done += n,
+                }
+            }
+        }
+        #[cfg(target_os = "linux")]
+        self.start_writeback_at(data.len());
         Ok(())
     }
 

@@ -29,6 +29,9 @@ enum FsDefect {
     LooksThenRenames,
     /// Neither hard links nor "rename unless the name exists": create-new cannot be race-free.
     NoExclusiveName,
+    /// A write at an offset lands at the end of the file, as `pwrite` does on Linux to a file
+    /// opened with `O_APPEND`.
+    AppendsWritesAt,
 }
 
 #[derive(Debug)]
@@ -44,6 +47,9 @@ impl FileHandle for NoSyncFile {
     fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         self.0.write_all(data)
     }
+    fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write_at(offset, data)
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.0.read_at(offset, buf)
     }
@@ -52,6 +58,28 @@ impl FileHandle for NoSyncFile {
     }
     fn sync_all(&self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+/// A file opened for appending: [`FsDefect::AppendsWritesAt`].
+#[derive(Debug)]
+struct AppendOnlyFile(std::sync::Mutex<Box<dyn FileHandle>>);
+
+impl FileHandle for AppendOnlyFile {
+    fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
+        self.0.get_mut().unwrap().write_all(data)
+    }
+    fn write_at(&self, _: u64, data: &[u8]) -> io::Result<()> {
+        self.0.lock().unwrap().write_all(data)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.0.lock().unwrap().read_at(offset, buf)
+    }
+    fn file_len(&self) -> io::Result<u64> {
+        self.0.lock().unwrap().file_len()
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        self.0.lock().unwrap().sync_all()
     }
 }
 
@@ -71,6 +99,7 @@ impl DefectiveFs {
         let file = self.answer(file)?;
         Ok(match self.defect {
             FsDefect::SkipsFsync => Box::new(NoSyncFile(file)),
+            FsDefect::AppendsWritesAt => Box::new(AppendOnlyFile(std::sync::Mutex::new(file))),
             _ => file,
         })
     }
@@ -197,6 +226,19 @@ impl Harness for LocalWith {
             DefectiveFs::wrap(fs, self.defect),
         ))
     }
+}
+
+#[test]
+fn writes_at_an_offset_that_append_fail_the_positioned_case() {
+    let message = failure_of(
+        &LocalWith::new(FsDefect::AppendsWritesAt),
+        Case::PositionedWritesLandWhole,
+        "positioned_writes_land_whole",
+    );
+    assert!(
+        message.contains("`positioned_writes_land_whole` failed: after the commit"),
+        "{message}"
+    );
 }
 
 #[test]

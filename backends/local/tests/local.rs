@@ -525,55 +525,65 @@ impl weightbay::Source for ReadAhead {
 }
 
 #[test]
-fn a_copy_from_a_store_reads_ahead_on_several_threads_and_lands_whole() {
+fn a_copy_from_a_store_reads_regions_on_several_threads_and_lands_whole() {
     use weightbay::{CreateOptions, StorageExt};
+    const MIB: u64 = 1 << 20;
     let dir = tempfile::tempdir().unwrap();
     let storage = LocalStorage::new(dir.path());
     // Three and a bit 16 MiB windows, each byte telling where it is.
     let data: Vec<u8> = (0..(50u64 << 20) + 12_345)
         .map(|i| (i % 251) as u8)
         .collect();
-    // Copies `source` to `key` and checks what landed and the CRC32C returned.
-    let copy_whole = |key: &str, source: &ReadAhead| {
-        let crc = storage
-            .copy_in(key, source, CreateOptions::default())
-            .unwrap();
-        assert_eq!(crc, weightbay::checksum::crc32c(&data));
-        assert!(fs::read(dir.path().join(key)).unwrap() == data);
-    };
+    let crc = weightbay::checksum::crc32c(&data);
+    // A local file takes writes by position: four threads (a 64 MiB budget over 16 MiB) each
+    // stream a region of 12.5 MiB in pieces of at most 1 MiB, written where they belong.
     let source = ReadAhead::new(data.clone(), u64::MAX);
-    copy_whole("copied.bpk", &source);
+    let copied = storage
+        .copy_in("copied.bpk", &source, CreateOptions::default())
+        .unwrap();
+    assert_eq!(copied, crc);
+    assert!(fs::read(dir.path().join("copied.bpk")).unwrap() == data);
+    let threads = source.readers.lock().unwrap().len();
+    assert!((2..=4).contains(&threads), "read on {threads} threads");
+    let lengths = source.read_lengths();
+    assert_eq!(lengths.iter().sum::<u64>(), data.len() as u64);
     assert!(
-        source.readers.lock().unwrap().len() > 1,
-        "the windows were read on one thread"
+        lengths
+            .iter()
+            .all(|&len| len <= weightbay::backend_kit::PIECE_LEN)
     );
-    // Four windows in flight, and the copy is too short for them to ramp up (4, 8, 12 and
-    // 16 MiB) and down: whole windows only.
-    const MIB: u64 = 1 << 20;
-    assert_eq!(
-        source.read_lengths(),
-        [16 * MIB, 16 * MIB, 16 * MIB, 2 * MIB + 12_345]
-    );
+    // Each region ends in a short piece: four regions, so four pieces under 1 MiB.
+    assert_eq!(lengths.iter().filter(|&&len| len < MIB).count(), 4);
 
-    // Two in flight: the first two windows grow from half a window to a whole one, so the
-    // copy's writes start after a short read, and the last two shrink back.
+    // A sink without an expected length takes no writes by position: the copy reads 16 MiB
+    // windows in order, two in flight, the first two growing from half a window to a whole one
+    // and the last two shrinking back.
     let ramped = ReadAhead {
         ahead: 32 << 20,
         ..ReadAhead::new(data.clone(), u64::MAX)
     };
-    copy_whole("ramped.bpk", &ramped);
+    let mut sink = storage
+        .create("ramped.bpk", &CreateOptions::default())
+        .unwrap();
+    let in_order =
+        weightbay::backend_kit::copy_to_sink(&ramped, 0..data.len() as u64, sink.as_mut()).unwrap();
+    sink.commit().unwrap();
+    assert_eq!(in_order, crc);
+    assert!(fs::read(dir.path().join("ramped.bpk")).unwrap() == data);
     assert_eq!(
         ramped.read_lengths(),
         [8 * MIB, 16 * MIB, 2 * MIB + 12_345, 16 * MIB, 8 * MIB]
     );
     storage.delete("ramped.bpk").unwrap();
 
-    // A read failing part-way leaves the copy as it was and no scratch file behind.
+    // A read failing part-way stops the other threads, is the error returned, and leaves the
+    // copy as it was and no scratch file behind.
     let failing = ReadAhead::new(vec![9; 40 << 20], 30 << 20);
     let err = storage
         .copy_in("copied.bpk", &failing, CreateOptions::default())
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(err.to_string().contains("refused for the test"), "{err}");
     assert!(fs::read(dir.path().join("copied.bpk")).unwrap() == data);
     assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
 }

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt};
-use weightbay::backend_kit::{OPEN_PREFIX_LEN, check_jobs, check_range, lazy_bytes};
+use weightbay::backend_kit::{OPEN_PREFIX_LEN, PIECE_LEN, check_jobs, check_range, lazy_bytes};
 use weightbay::{AllocationProperty, Bytes, Error, ErrorKind, Result, Source};
 
 use crate::error::convert;
@@ -61,14 +61,31 @@ impl Remote {
     /// this thread as they arrive and are copied into place, so no buffer of the range's size
     /// is allocated (a staging pool's reused buffers stay the only memory the bytes land in).
     fn get_into(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut received = 0usize;
+        self.get_chunks(offset..offset + buf.len() as u64, &mut |chunk| {
+            if let Some(target) = buf.get_mut(received..received + chunk.len()) {
+                target.copy_from_slice(chunk);
+            }
+            received += chunk.len();
+            Ok(())
+        })
+    }
+
+    /// GETs `range` and hands the response's chunks to `each` on this thread as they arrive,
+    /// then checks the store sent the range's length.
+    fn get_chunks(
+        &self,
+        range: Range<u64>,
+        each: &mut dyn FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
         self.bridge.check_may_wait()?;
-        let range = offset..offset + buf.len() as u64;
+        let (offset, len) = (range.start, range.end - range.start);
         let (store, path, options) = (
             Arc::clone(&self.store),
             self.path.clone(),
             self.pinned(range),
         );
-        // A few chunks in flight: the response waits on the copy, never piles up in memory.
+        // A few chunks in flight: the response waits on the caller, never piles up in memory.
         let (mut sender, mut chunks) = futures::channel::mpsc::channel(4);
         let _detached = self.bridge.spawn(async move {
             let mut body = match store.get_opts(&path, options).await {
@@ -86,29 +103,68 @@ impl Remote {
                 }
             }
         });
-        let mut received = 0usize;
+        let mut received = 0u64;
         futures::executor::block_on(async {
             while let Some(chunk) = chunks.next().await {
                 let chunk = chunk.map_err(|e| self.read_error(offset, e))?;
-                if let Some(target) = buf.get_mut(received..received + chunk.len()) {
-                    target.copy_from_slice(&chunk);
+                received += chunk.len() as u64;
+                if received > len {
+                    break;
                 }
-                received += chunk.len();
+                each(&chunk)?;
             }
             Ok::<(), Error>(())
         })?;
-        if received != buf.len() {
+        if received != len {
             return Err(Error::new(
                 ErrorKind::Io,
-                format!(
-                    "the store returned {received} bytes for a {}-byte range",
-                    buf.len()
-                ),
+                format!("the store returned {received} bytes for a {len}-byte range"),
             )
             .with_key(&self.key)
             .with_offset(offset));
         }
         Ok(())
+    }
+
+    /// [`Source::read_in_pieces`]: one GET, its chunks gathered into pieces of
+    /// [`PIECE_LEN`] (a chunk that long already is handed over as it is).
+    fn read_in_pieces(
+        &self,
+        range: Range<u64>,
+        each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        check_range(&range, self.len)?;
+        if range.end <= self.prefix.len() as u64 {
+            // In range, so both ends fit in usize.
+            return each(
+                range.start,
+                &self.prefix[range.start as usize..range.end as usize],
+            );
+        }
+        if range.is_empty() {
+            return Ok(());
+        }
+        let piece_len = PIECE_LEN as usize;
+        let mut gathered = Vec::with_capacity(piece_len.min((range.end - range.start) as usize));
+        let mut offset = range.start;
+        self.get_chunks(range, &mut |chunk| {
+            if gathered.is_empty() && chunk.len() >= piece_len {
+                each(offset, chunk)?;
+                offset += chunk.len() as u64;
+                return Ok(());
+            }
+            gathered.extend_from_slice(chunk);
+            if gathered.len() >= piece_len {
+                each(offset, &gathered)?;
+                offset += gathered.len() as u64;
+                gathered.clear();
+            }
+            Ok(())
+        })?;
+        if gathered.is_empty() {
+            return Ok(());
+        }
+        each(offset, &gathered)
     }
 
     /// How many of `requests` run at once: as many of the longest as the fetch budget holds,
@@ -506,6 +562,15 @@ impl Source for ObjectSource {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.0.read_at(offset, buf)
+    }
+
+    /// One version-pinned GET, streamed: see [`Source::read_in_pieces`].
+    fn read_in_pieces(
+        &self,
+        range: Range<u64>,
+        each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.0.read_in_pieces(range, each)
     }
 
     fn bytes(&self, range: Range<u64>) -> Result<Bytes> {

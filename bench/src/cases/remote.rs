@@ -250,12 +250,11 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
     }
     if b.args.wants("remote rss") {
         let rss = crate::rss::rss_of("remote-copy", b.args.size_mib, &b.dir)?;
-        let options = ObjectStoreOptions::DEFAULT;
         println!(
-            "  peak RSS a remote copy of {} MiB of 16 MiB tensors adds: {} MiB (bound: fetch budget {} MiB, read in 16 MiB windows)",
+            "  peak RSS a remote copy of {} MiB of 16 MiB tensors adds: {} MiB (bound: a {} MiB piece per thread, regions streamed and written by position)",
             b.args.size_mib,
             rss >> 20,
-            options.fetch_budget >> 20
+            weightbay::backend_kit::PIECE_LEN >> 20
         );
     }
     let options = ObjectStoreOptions::DEFAULT;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use weightbay::backend_kit::FileSystem;
-use weightbay::{Durability, Storage, WriteMode};
+use weightbay::{CreateOptions, Durability, Storage, WriteMode};
 
 use crate::strategies::{ContainerSpec, sample};
 use crate::support::{
@@ -15,9 +15,10 @@ use crate::support::{
 use crate::{FaultPlan, Faulty, Harness, SimulatedDisk};
 
 /// Loses power after each file-system operation of a durable overwrite and of a durable
-/// create-new, on a simulated disk that keeps written and durable bytes apart: every crash
-/// image holds the old or the new container (or nothing, for create-new), and once `commit`
-/// has returned, the new one.
+/// create-new, on a simulated disk that keeps written and durable bytes apart, and, where the
+/// backend's sinks take writes by position, of a durable overwrite written by position out of
+/// order: every crash image holds the old or the new container (or nothing, for create-new),
+/// and once `commit` has returned, the new one.
 pub fn power_loss_at_every_operation<H: Harness>(harness: &H, case: &str) -> Outcome {
     let over = |disk: &SimulatedDisk| {
         harness.over_file_system(Arc::new(disk.clone()) as Arc<dyn FileSystem>)
@@ -27,9 +28,16 @@ pub fn power_loss_at_every_operation<H: Harness>(harness: &H, case: &str) -> Out
     }
     let old = sample(&[3000, 100], 1);
     let new = sample(&[20_000, 300, 9000], 2);
-    for mode in [WriteMode::Overwrite, WriteMode::CreateNew] {
+    for (mode, positioned) in [
+        (WriteMode::Overwrite, false),
+        (WriteMode::CreateNew, false),
+        (WriteMode::Overwrite, true),
+    ] {
         let key = key_for(mode);
         let write = |storage: &H::Storage, spec: &ContainerSpec| {
+            if positioned {
+                return write_positioned(storage, key, &spec.bytes());
+            }
             spec.writer()
                 .with_mode(mode)
                 .with_durability(Durability::Durable)
@@ -47,6 +55,9 @@ pub fn power_loss_at_every_operation<H: Harness>(harness: &H, case: &str) -> Out
             (disk, storage)
         };
         let (disk, storage) = setup();
+        if positioned && !takes_positioned_writes(&storage) {
+            continue;
+        }
         let before = disk.operations();
         write(&storage, &new)
             .unwrap_or_else(|e| fail!(case, "{mode:?} write without a crash: {e}"));
@@ -58,7 +69,8 @@ pub fn power_loss_at_every_operation<H: Harness>(harness: &H, case: &str) -> Out
             let image = disk.crash_image();
             let rebooted =
                 over(&image).unwrap_or_else(|| fail!(case, "over_file_system stopped answering"));
-            let context = format!("{mode:?}: power lost after operation {n} of {total}");
+            let how = if positioned { ", by position" } else { "" };
+            let context = format!("{mode:?}{how}: power lost after operation {n} of {total}");
             assert_old_or_new(
                 case,
                 &context,
@@ -71,6 +83,31 @@ pub fn power_loss_at_every_operation<H: Harness>(harness: &H, case: &str) -> Out
         }
     }
     Outcome::Checked
+}
+
+/// Whether `storage`'s sinks take writes by position.
+fn takes_positioned_writes(storage: &dyn Storage) -> bool {
+    let options = CreateOptions::default().with_expected_len(1);
+    storage
+        .create("probe", &options)
+        .is_ok_and(|mut sink| sink.positioned().is_some())
+}
+
+/// Overwrites `key` with `bytes` durably, written by position in pieces from the last to the
+/// first.
+fn write_positioned(storage: &dyn Storage, key: &str, bytes: &[u8]) -> weightbay::Result<()> {
+    let options = CreateOptions::default()
+        .with_durability(Durability::Durable)
+        .with_expected_len(bytes.len() as u64);
+    let mut sink = storage.create(key, &options)?;
+    let writes = sink
+        .positioned()
+        .ok_or_else(|| weightbay::Error::invalid("writes by position went away"))?;
+    for (i, piece) in bytes.chunks(4099).enumerate().rev() {
+        writes.write_at((i * 4099) as u64, piece)?;
+    }
+    drop(writes);
+    sink.commit()
 }
 
 /// The name libtest gives the test `case` generated in module `module_path` (the crate name

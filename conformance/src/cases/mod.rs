@@ -7,6 +7,7 @@ pub mod crash;
 pub mod faults;
 pub mod incremental;
 pub mod memory;
+pub mod positioned;
 pub mod ranks;
 pub mod read_back;
 pub mod reads;

@@ -6,14 +6,7 @@ use std::sync::Arc;
 use weightbay::{CreateOptions, ReadBack, Storage};
 
 use crate::Harness;
-use crate::support::{KEY, Outcome, fail};
-
-/// Bytes of a recognisable pattern, different for each `seed`.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
+use crate::support::{KEY, Outcome, fail, pattern};
 
 /// Reads `expected.len()` bytes at `offset` through `reader` and compares them.
 fn assert_reads(case: &str, context: &str, reader: &dyn ReadBack, offset: u64, expected: &[u8]) {

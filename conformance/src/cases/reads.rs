@@ -160,12 +160,15 @@ pub fn readers_keep_their_version<H: Harness>(harness: &H, case: &str) -> Outcom
 }
 
 /// [`Source::fetch`](weightbay::Source::fetch) gives exactly what `read_at` gives for each range,
-/// in the order asked, and [`Source::fetch_into`](weightbay::Source::fetch_into) lands the same
-/// bytes in the caller's buffers: for lists that always hold an empty, a repeated, an overlapping and an
+/// in the order asked, [`Source::fetch_into`](weightbay::Source::fetch_into) lands the same
+/// bytes in the caller's buffers, and
+/// [`Source::read_in_pieces`](weightbay::Source::read_in_pieces) hands them over in order,
+/// each piece at its offset: for lists that always hold an empty, a repeated, an overlapping and an
 /// out-of-order range, for random lists, and for a batch larger than the backend reads in one
 /// go ([`Harness::batched_read_len`]: parallel reads, split requests). The reader's batched
 /// entry points (`load`, `load_all`, `read_many_into`) agree with `read`; a list with one range
-/// past the end fails whole with `OutOfRange`.
+/// past the end fails whole with `OutOfRange`, and so does a streamed range past it, before any
+/// piece.
 pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> Outcome {
     let storage = harness.fresh();
     // Tensors of a quarter of the batch length each, so the whole container is a batch above
@@ -213,6 +216,25 @@ pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> 
         for ((range, landed), fetched) in ranges.iter().zip(&buffers).zip(&fetched) {
             if fetched.to_vec().ok().as_ref() != Some(landed) {
                 return Err(format!("fetch_into of {range:?} differs from fetch"));
+            }
+        }
+        // Each range streamed in pieces: in order, each where it says, nothing left out.
+        for (range, fetched) in ranges.iter().zip(&fetched) {
+            let mut streamed = Vec::new();
+            source
+                .read_in_pieces(range.clone(), &mut |offset, piece| {
+                    let at = range.start + streamed.len() as u64;
+                    if offset != at {
+                        return Err(weightbay::Error::invalid(format!(
+                            "a piece at {offset} where the next byte is {at}"
+                        )));
+                    }
+                    streamed.extend_from_slice(piece);
+                    Ok(())
+                })
+                .map_err(|e| format!("read_in_pieces of {range:?}: {e}"))?;
+            if fetched.to_vec().ok() != Some(streamed) {
+                return Err(format!("read_in_pieces of {range:?} differs from fetch"));
             }
         }
         Ok(())
@@ -318,6 +340,19 @@ pub fn batched_reads_match_single_reads<H: Harness>(harness: &H, case: &str) -> 
             case,
             "fetch_into with a range past the end wrote into the buffers before failing"
         );
+    }
+    let mut pieces = 0;
+    match source.read_in_pieces(len - 1..len + 1, &mut |_, _| {
+        pieces += 1;
+        Ok(())
+    }) {
+        Err(e) if e.kind() == ErrorKind::OutOfRange && pieces == 0 => {}
+        other => fail!(
+            case,
+            "read_in_pieces of a range past the end: expected OutOfRange and no piece, got \
+             {:?} after {pieces} pieces",
+            other.map_err(|e| e.kind())
+        ),
     }
     Outcome::Checked
 }
