@@ -317,11 +317,20 @@ impl Source for Spliced {
         for part in parts {
             let (key, source) = &self.stored[part.stored];
             let moved_by = range.start + part.to;
-            source
-                .read_in_pieces(part.offset..part.offset + part.len, &mut |offset, piece| {
-                    each(offset - part.offset + moved_by, piece)
-                })
-                .map_err(|e| e.with_key(key))?;
+            // `each`'s error is the caller's (a destination's, say): kept apart, so that only
+            // the source's own errors are named after the stored container.
+            let mut theirs = None;
+            let read =
+                source.read_in_pieces(part.offset..part.offset + part.len, &mut |offset, piece| {
+                    each(offset - part.offset + moved_by, piece).map_err(|e| {
+                        theirs = Some(e);
+                        Error::new(ErrorKind::Interrupted, "the reader stopped")
+                    })
+                });
+            if let Some(e) = theirs {
+                return Err(e);
+            }
+            read.map_err(|e| e.with_key(key))?;
         }
         Ok(())
     }

@@ -491,10 +491,9 @@ fn verify_checkpoints(checkpoints: &Checkpoints, steps: Vec<u64>) -> Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-/// Copies the checkpoints of `steps` from `source` to the prefix `to` (durably where the
-/// destination can), skipping steps already committed there.
 /// A container copied byte for byte to `to` (the same format: nothing to re-encode), read
-/// ahead in parallel from a store that gains from it and written in order, committed last
+/// in parallel from a store that gains from it (written by position where `to` takes that, in
+/// order otherwise), committed last
 /// ([`StorageExt::copy_in`](weightbay::StorageExt::copy_in)); Ctrl-C aborts it, leaving `to` as
 /// it was. Returns the bytes copied.
 fn copy_bytes(source: &dyn weightbay::Source, to: &Location, mode: WriteMode) -> Result<u64> {
@@ -536,6 +535,8 @@ fn materialize_checkpoint(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Copies the checkpoints of `steps` from `source` to the prefix `to` (durably where the
+/// destination can), skipping steps already committed there.
 fn copy_checkpoints(
     source: &Checkpoints,
     to: &Location,

@@ -89,12 +89,6 @@ fn check_cancel(cancel: &AtomicBool) -> Result<()> {
     Ok(())
 }
 
-impl CountingSink {
-    fn check_cancel(&self) -> Result<()> {
-        check_cancel(&self.cancel)
-    }
-}
-
 /// A counting sink's writes by position, counted and cancelled as its appends are.
 struct CountingWrites<'a> {
     inner: Box<dyn PositionedWrite + 'a>,
@@ -113,19 +107,19 @@ impl PositionedWrite for CountingWrites<'_> {
 
 impl Sink for CountingSink {
     fn write(&mut self, data: &[u8]) -> Result<()> {
-        self.check_cancel()?;
+        check_cancel(&self.cancel)?;
         self.inner.write(data)?;
         self.bar.inc(data.len() as u64);
         Ok(())
     }
     fn pad(&mut self, len: u64) -> Result<()> {
-        self.check_cancel()?;
+        check_cancel(&self.cancel)?;
         self.inner.pad(len)?;
         self.bar.inc(len);
         Ok(())
     }
     fn commit(self: Box<Self>) -> Result<()> {
-        self.check_cancel()?;
+        check_cancel(&self.cancel)?;
         self.inner.commit()
     }
     fn positioned(&mut self) -> Option<Box<dyn PositionedWrite + '_>> {

@@ -19,10 +19,10 @@ const REGION_LEN: u64 = 64 << 20;
 /// round trip for too little.
 const MIN_REGION_LEN: u64 = 1 << 20;
 
-/// `range` cut into equal regions of at most [`REGION_LEN`] (none shorter than
-/// [`MIN_REGION_LEN`] unless the range is), in whole rounds of `workers` where the range is
-/// long enough: each worker then reads its last region beside the others, and none is left
-/// reading alone at the end.
+/// `range` cut into regions of at most [`REGION_LEN`], all of one length but the last, which
+/// is shorter by less than one byte per region (about [`MIN_REGION_LEN`] at least, unless the
+/// range is shorter), in whole rounds of `workers` where the range is long enough: each worker
+/// then reads its last region beside the others, and none is left reading alone at the end.
 fn regions(range: Range<u64>, workers: usize) -> Vec<Range<u64>> {
     let len = range.end.saturating_sub(range.start);
     if len == 0 {
@@ -51,16 +51,19 @@ fn regions(range: Range<u64>, workers: usize) -> Vec<Range<u64>> {
 /// object store), each region one streamed read ([`Source::read_in_pieces`]) whose pieces
 /// are written where they belong as they arrive, on the thread that read them. Nothing waits
 /// for the bytes before it, memory holds a piece per thread, and from an object store each
-/// request carries a whole region. The first error stops every thread.
+/// request carries a whole region. The first error stops every thread. With one thread it
+/// all runs on the calling thread (a bridge to a runtime can then tell whether that thread
+/// may wait).
 ///
 /// # Errors
-/// The first read or write error.
+/// The first read or write error; [`ErrorKind::Io`] when a source hands over a piece out of
+/// place or leaves part of a region out.
 pub fn copy_by_position<S: Source + ?Sized>(
     source: &S,
     range: Range<u64>,
     into: &dyn PositionedWrite,
 ) -> Result<u32> {
-    let (_, threads) = in_order_reads(source);
+    let (_, threads) = in_order_reads(source.fetch_ahead());
     let regions = regions(range, threads);
     let threads = threads.clamp(1, regions.len().max(1));
     let next = AtomicUsize::new(0);
@@ -68,17 +71,37 @@ pub fn copy_by_position<S: Source + ?Sized>(
     let first_error = Mutex::new(None);
     let crcs = Mutex::new(vec![0u32; regions.len()]);
     let copy_region = |region: &Range<u64>| -> Result<u32> {
-        let mut crc = 0;
+        let (mut crc, mut at) = (0, region.start);
         source.read_in_pieces(region.clone(), &mut |offset, piece| {
             if stopped.load(Ordering::Relaxed) {
                 return Err(Error::new(ErrorKind::Interrupted, "another region failed"));
             }
+            // A piece out of place would leave zeros where a byte was skipped.
+            if offset != at || piece.len() as u64 > region.end - at {
+                return Err(misplaced(region, at, offset, piece.len()));
+            }
             into.write_at(offset, piece)?;
             crc = crc32c_append(crc, piece);
+            at += piece.len() as u64;
             Ok(())
         })?;
+        if at != region.end {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("the source's pieces of the range {region:?} ended at {at}"),
+            )
+            .with_offset(at));
+        }
         Ok(crc)
     };
+    if threads == 1 {
+        let mut crc = 0;
+        for region in &regions {
+            let region_crc = copy_region(region)?;
+            crc = crc32c_combine(crc, region_crc, (region.end - region.start) as usize);
+        }
+        return Ok(crc);
+    }
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(|| {
@@ -115,11 +138,26 @@ pub fn copy_by_position<S: Source + ?Sized>(
         }))
 }
 
+/// The error for a source whose pieces of `region` did not follow on: the next byte due was at
+/// `due`, and a piece of `len` bytes came at `offset`.
+fn misplaced(region: &Range<u64>, due: u64, offset: u64, len: usize) -> Error {
+    Error::new(
+        ErrorKind::Io,
+        format!(
+            "the source handed over {len} bytes at {offset} of the range {region:?}, where the \
+             next byte due was at {due}"
+        ),
+    )
+    .with_offset(due)
+}
+
 /// Copies `range` of `source` into `sink` and returns the CRC32C of the range: by position
 /// ([`copy_by_position`]) where the source gains from reading ahead (an object store) and the
 /// sink takes writes by position ([`Sink::positioned`]: a local file, memory), else appended
 /// in order ([`read_in_order`]). From a file, reading in order on two threads already keeps
-/// up with the writes.
+/// up with the writes. The sink must hold exactly `range.start` bytes already (none for a
+/// whole copy; the head a copy streamed so far otherwise): both ways put byte `i` of the
+/// source at byte `i` of the container.
 ///
 /// # Errors
 /// The source's and the sink's errors.
@@ -138,7 +176,67 @@ pub fn copy_to_sink<S: Source + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::regions;
+    use std::ops::Range;
+
+    use super::{copy_by_position, regions};
+    use crate::storage::Source;
+    use crate::{CreateOptions, ErrorKind, MemorySource, MemoryStorage, Result, Storage};
+
+    /// A source that reads ahead and hands over its `skip`th piece a byte short (none, at 0),
+    /// as a broken stream would.
+    #[derive(Debug)]
+    struct Skipping {
+        inner: MemorySource,
+        skip: usize,
+    }
+
+    impl Source for Skipping {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            self.inner.read_at(offset, buf)
+        }
+        fn fetch_ahead(&self) -> u64 {
+            64 << 20
+        }
+        fn read_in_pieces(
+            &self,
+            range: Range<u64>,
+            each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+        ) -> Result<()> {
+            let mut count = 0;
+            self.inner.read_in_pieces(range, &mut |offset, piece| {
+                count += 1;
+                if count == self.skip {
+                    return each(offset, &piece[1..]);
+                }
+                each(offset, piece)
+            })
+        }
+    }
+
+    #[test]
+    fn a_source_that_leaves_a_byte_out_fails_the_copy() {
+        let data: Vec<u8> = (0..5u32 << 20).map(|i| i as u8).collect();
+        for skip in [0, 1, 2] {
+            let source = Skipping {
+                inner: MemorySource::new(crate::SharedBytes::from(data.clone())),
+                skip,
+            };
+            let storage = MemoryStorage::new();
+            let options = CreateOptions::default().with_expected_len(data.len() as u64);
+            let mut sink = storage.create("copy", &options).unwrap();
+            let into = sink.positioned().unwrap();
+            let copied = copy_by_position(&source, 0..data.len() as u64, into.as_ref());
+            if skip == 0 {
+                assert_eq!(copied.unwrap(), crate::checksum::crc32c(&data));
+            } else {
+                let err = copied.unwrap_err();
+                assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+            }
+        }
+    }
 
     fn lengths(range: std::ops::Range<u64>, workers: usize) -> Vec<u64> {
         let regions = regions(range.clone(), workers);

@@ -14,7 +14,8 @@ use std::path::Path;
 ///
 /// # Contract
 /// Writes append at the end of what this handle wrote so far; `write_at` writes at its offset,
-/// from any thread, extending the file where it ends past it, and moves no append position.
+/// from any thread, extending the file where it ends past it (a handle written at offsets takes
+/// no more appends).
 /// `read_at` fills `buf` exactly or fails with `UnexpectedEof`. `sync_all` makes the written
 /// bytes (appended or not) and the file's length durable: after it returns they survive power
 /// loss (the directory entry does not, until [`FileSystem::sync_dir`]).

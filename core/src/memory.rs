@@ -170,6 +170,9 @@ impl Written {
     /// Puts `data` at `offset` of the bytes being written, zeros before it where they end
     /// short of it.
     fn put(&mut self, offset: usize, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
         let Self::Writing(buffer) = self else {
             unreachable!("a sink is published only by its commit, which consumes it");
         };

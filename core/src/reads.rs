@@ -5,7 +5,7 @@ use std::ops::Range;
 
 use crate::checksum::{crc32c, crc32c_append, crc32c_combine};
 use crate::ranges::check_ranges;
-use crate::storage::Source;
+use crate::storage::{REMOTE_WINDOW, Source};
 use crate::{Bytes, Error, ErrorKind, Result};
 
 /// [`Source::fetch`] for a source whose [`bytes`](Source::bytes) are already resident views
@@ -71,15 +71,12 @@ pub fn read_at_parallel<S: Source + ?Sized>(
 const LOCAL_WINDOW: u64 = 8 << 20;
 /// Threads reading a file's windows: one reads the next while the caller takes this one.
 const LOCAL_READERS: usize = 2;
-/// The window [`read_in_order`] reads from a source that gains from reading ahead (an object
-/// store): one request each, the object-store backend's default request length.
-const REMOTE_WINDOW: u64 = 16 << 20;
 
-/// The window a reader going through `source` in order reads at a time, and how many it
-/// reads at once: from a source that gains from reading ahead, as many [`REMOTE_WINDOW`]s as
-/// its fetch budget holds; else [`LOCAL_READERS`] of [`LOCAL_WINDOW`].
-pub(crate) fn in_order_reads<S: Source + ?Sized>(source: &S) -> (u64, usize) {
-    let ahead = source.fetch_ahead();
+/// The window a reader going in order through a source that gains from reading `ahead` bytes
+/// ahead ([`Source::fetch_ahead`]) reads at a time, and how many it reads at once: as many
+/// [`REMOTE_WINDOW`]s as that budget holds; from a source that gains nothing (0),
+/// [`LOCAL_READERS`] of [`LOCAL_WINDOW`].
+pub(crate) fn in_order_reads(ahead: u64) -> (u64, usize) {
     if ahead > 0 {
         (
             REMOTE_WINDOW,
@@ -148,7 +145,7 @@ pub fn read_in_order<S: Source + ?Sized>(
     mut each: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<u32> {
     let ahead = source.fetch_ahead();
-    let (window, in_flight) = in_order_reads(source);
+    let (window, in_flight) = in_order_reads(ahead);
     let ramp = if ahead > 0 { in_flight } else { 0 };
     let windows = windows(range.clone(), window, ramp);
     let workers = in_flight.clamp(1, windows.len().max(1));

@@ -82,7 +82,9 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// How many bytes a reader going through the container in order gains from asking
     /// [`fetch`](Self::fetch) for at once: 0 (the default) where a range costs the same alone
     /// (memory, a map, a local file); an object store's fetch budget, since each request pays
-    /// a round trip.
+    /// a round trip. Above 0, a copy into a sink that takes writes by position reads regions
+    /// in parallel through [`read_in_pieces`](Self::read_in_pieces), as many at once as the
+    /// budget holds 16 MiB windows.
     fn fetch_ahead(&self) -> u64 {
         0
     }
@@ -91,8 +93,11 @@ pub trait Source: Send + Sync + fmt::Debug {
     /// offset of its first byte: how a copy streams a long range without holding it, so one
     /// request can carry a whole region of an object (each request pays a round trip before
     /// its first byte). An error from `each` stops the read and is returned. The default reads
-    /// pieces of at most [`PIECE_LEN`] with [`read_at`](Self::read_at) into one buffer; an
-    /// object store streams one request's body.
+    /// pieces with [`read_at`](Self::read_at) into one buffer: of at most [`PIECE_LEN`], or,
+    /// from a source that gains from reading ahead ([`fetch_ahead`](Self::fetch_ahead) above
+    /// 0), of at most 16 MiB, the window a copy in order reads, so a backend that overrides
+    /// only `read_at` pays no more round trips than before; an object store streams one
+    /// request's body.
     ///
     /// # Errors
     /// [`ErrorKind::OutOfRange`] when the range is past the end, and then nothing is read;
@@ -103,12 +108,16 @@ pub trait Source: Send + Sync + fmt::Debug {
         each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
     ) -> Result<()> {
         check_range(&range, self.len())?;
-        let len = (range.end - range.start).min(PIECE_LEN);
-        // At most PIECE_LEN, so it fits in usize.
-        let mut buffer = vec![0; len as usize];
+        let piece_len = if self.fetch_ahead() > 0 {
+            REMOTE_WINDOW
+        } else {
+            PIECE_LEN
+        };
+        // At most 16 MiB, so it fits in usize.
+        let mut buffer = vec![0; (range.end - range.start).min(piece_len) as usize];
         let mut offset = range.start;
         while offset < range.end {
-            let piece = &mut buffer[..(range.end - offset).min(PIECE_LEN) as usize];
+            let piece = &mut buffer[..(range.end - offset).min(piece_len) as usize];
             self.read_at(offset, piece)?;
             each(offset, piece)?;
             offset += piece.len() as u64;
@@ -117,9 +126,16 @@ pub trait Source: Send + Sync + fmt::Debug {
     }
 }
 
-/// The most bytes [`Source::read_in_pieces`] hands over at once by default, and what a
-/// backend streaming a response gathers its chunks into before handing them over: a write per
-/// piece, so a few per megabyte at most.
+/// The window a reader in order reads from a source that gains from reading ahead (an object
+/// store; `backend_kit::read_in_order`): one request each, the object-store backend's default
+/// request length. Also the most [`Source::read_in_pieces`] reads at once by default from such
+/// a source, so a backend that overrides only `read_at` pays no more requests for a copy.
+pub(crate) const REMOTE_WINDOW: u64 = 16 << 20;
+
+/// The most bytes [`Source::read_in_pieces`] hands over at once by default from a source that
+/// does not read ahead, and what a backend streaming a response gathers its chunks into before
+/// handing them over: a write per piece, so one per megabyte rather than one per network
+/// chunk.
 pub const PIECE_LEN: u64 = 1 << 20;
 
 /// `range` read with `read_at` into fresh memory.
@@ -204,11 +220,12 @@ pub trait Sink: Send {
 /// - [`write_at`](Self::write_at) puts `data` at `offset..offset + data.len()` of the
 ///   container, from any thread and in any order; a range past the sink's expected length
 ///   fails with [`ErrorKind::OutOfRange`] and writes nothing.
-/// - Appends ([`Sink::write`]) go on where the last append ended, whatever was written by
-///   position; callers write each byte once, by one of the two.
+/// - Appends ([`Sink::write`]) come first: a caller that takes the writer appends no more,
+///   and writes each byte once, by one of the two.
 /// - The commit publishes a container of the expected length or fails: where the furthest
-///   byte written (by either) is short of it, the key is left as it was. Bytes below it that
-///   nothing wrote read as zero.
+///   byte written (by either) is short of it, the key is left as it was (for an atomic sink;
+///   an in-place one has truncated it already). Bytes below it that nothing wrote read as
+///   zero; an empty write extends nothing.
 /// - An error from `write_at` is the sink's error, as one from [`Sink::write`]: the caller
 ///   drops the sink, which leaves the key as it was.
 pub trait PositionedWrite: Send + Sync {

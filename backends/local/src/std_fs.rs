@@ -68,10 +68,13 @@ impl StdFile {
     fn start_writeback_at(&self, len: usize) {
         use std::os::fd::AsRawFd;
         let before = self.unflushed_at.fetch_add(len as u64, Ordering::Relaxed);
-        if before + (len as u64) < WRITEBACK_EVERY {
+        // The thread that crosses the mark starts it; one whose count was taken meanwhile
+        // finds the swap's zero-or-little and leaves it.
+        if before + (len as u64) < WRITEBACK_EVERY
+            || self.unflushed_at.swap(0, Ordering::Relaxed) < WRITEBACK_EVERY
+        {
             return;
         }
-        self.unflushed_at.store(0, Ordering::Relaxed);
         // SAFETY: as in `start_writeback`; a length of 0 means to the end of the file.
         unsafe {
             libc::sync_file_range(self.file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
@@ -93,9 +96,9 @@ impl FileHandle for StdFile {
 
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         #[cfg(unix)]
-        std::os::unix::fs::FileExt::write_all_at(&self.file, data, offset)?;
+        let written = std::os::unix::fs::FileExt::write_all_at(&self.file, data, offset);
         #[cfg(windows)]
-        {
+        let written = (|| {
             let mut done = 0;
             // `done < data.len()` inside the loop, so the slice below is in bounds.
             while done < data.len() {
@@ -108,7 +111,9 @@ impl FileHandle for StdFile {
                     n => done += n,
                 }
             }
-        }
+            Ok(())
+        })();
+        written?;
         #[cfg(target_os = "linux")]
         self.start_writeback_at(data.len());
         Ok(())

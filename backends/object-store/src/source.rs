@@ -116,55 +116,19 @@ impl Remote {
             Ok::<(), Error>(())
         })?;
         if received != len {
+            let returned = if received > len {
+                "more than that".to_owned()
+            } else {
+                received.to_string()
+            };
             return Err(Error::new(
                 ErrorKind::Io,
-                format!("the store returned {received} bytes for a {len}-byte range"),
+                format!("the store returned {returned} bytes for a {len}-byte range"),
             )
             .with_key(&self.key)
             .with_offset(offset));
         }
         Ok(())
-    }
-
-    /// [`Source::read_in_pieces`]: one GET, its chunks gathered into pieces of
-    /// [`PIECE_LEN`] (a chunk that long already is handed over as it is).
-    fn read_in_pieces(
-        &self,
-        range: Range<u64>,
-        each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
-    ) -> Result<()> {
-        check_range(&range, self.len)?;
-        if range.end <= self.prefix.len() as u64 {
-            // In range, so both ends fit in usize.
-            return each(
-                range.start,
-                &self.prefix[range.start as usize..range.end as usize],
-            );
-        }
-        if range.is_empty() {
-            return Ok(());
-        }
-        let piece_len = PIECE_LEN as usize;
-        let mut gathered = Vec::with_capacity(piece_len.min((range.end - range.start) as usize));
-        let mut offset = range.start;
-        self.get_chunks(range, &mut |chunk| {
-            if gathered.is_empty() && chunk.len() >= piece_len {
-                each(offset, chunk)?;
-                offset += chunk.len() as u64;
-                return Ok(());
-            }
-            gathered.extend_from_slice(chunk);
-            if gathered.len() >= piece_len {
-                each(offset, &gathered)?;
-                offset += gathered.len() as u64;
-                gathered.clear();
-            }
-            Ok(())
-        })?;
-        if gathered.is_empty() {
-            return Ok(());
-        }
-        each(offset, &gathered)
     }
 
     /// How many of `requests` run at once: as many of the longest as the fetch budget holds,
@@ -211,6 +175,53 @@ impl Source for Remote {
             return Ok(());
         }
         self.get_into(offset, buf)
+    }
+
+    /// One GET, its chunks gathered into pieces of [`PIECE_LEN`] (a chunk that long already
+    /// is handed over as it is, once the bytes before it are).
+    fn read_in_pieces(
+        &self,
+        range: Range<u64>,
+        each: &mut dyn FnMut(u64, &[u8]) -> Result<()>,
+    ) -> Result<()> {
+        check_range(&range, self.len)?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        if range.end <= self.prefix.len() as u64 {
+            // In range, so both ends fit in usize.
+            return each(
+                range.start,
+                &self.prefix[range.start as usize..range.end as usize],
+            );
+        }
+        let piece_len = PIECE_LEN as usize;
+        let mut gathered = Vec::with_capacity(piece_len.min((range.end - range.start) as usize));
+        let mut offset = range.start;
+        self.get_chunks(range, &mut |mut chunk| {
+            if !gathered.is_empty() {
+                let fill = (piece_len - gathered.len()).min(chunk.len());
+                gathered.extend_from_slice(&chunk[..fill]);
+                chunk = &chunk[fill..];
+                if gathered.len() < piece_len {
+                    return Ok(());
+                }
+                each(offset, &gathered)?;
+                offset += gathered.len() as u64;
+                gathered.clear();
+            }
+            if chunk.len() >= piece_len {
+                each(offset, chunk)?;
+                offset += chunk.len() as u64;
+            } else {
+                gathered.extend_from_slice(chunk);
+            }
+            Ok(())
+        })?;
+        if gathered.is_empty() {
+            return Ok(());
+        }
+        each(offset, &gathered)
     }
 }
 

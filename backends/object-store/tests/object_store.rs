@@ -16,6 +16,11 @@ use weightbay_object_store::{ObjectSource, ObjectStorage, ObjectStoreOptions};
 
 /// An in-memory store that counts the GET requests reaching it.
 fn counting() -> (Arc<Intercepted>, ObjectStorage) {
+    counting_with(SMALL_PARTS)
+}
+
+/// [`counting`] with `options`.
+fn counting_with(options: ObjectStoreOptions) -> (Arc<Intercepted>, ObjectStorage) {
     let store = Arc::new(Intercepted::new(
         Arc::new(object_store::memory::InMemory::new()),
         FaultPlan::counting(),
@@ -23,7 +28,7 @@ fn counting() -> (Arc<Intercepted>, ObjectStorage) {
     ));
     let storage = ObjectStorage::new(Arc::clone(&store) as Arc<dyn ObjectStore>)
         .unwrap()
-        .with_options(SMALL_PARTS);
+        .with_options(options);
     (store, storage)
 }
 
@@ -561,4 +566,32 @@ fn loads_and_copies_fetch_in_batches() {
     for ((_, bytes), buf) in all.iter().zip(&buffers) {
         assert_eq!(&bytes.to_vec().unwrap(), buf);
     }
+}
+
+#[test]
+fn a_copy_into_a_sink_that_takes_writes_by_position_streams_one_get_per_region() {
+    use weightbay::{CreateOptions, MemoryStorage, StorageExt};
+    // A budget of four 16 MiB windows: four threads, so 80 MiB is four regions of 20 MiB,
+    // each one GET (read in order: five windows; read through `read_at` 16 MiB at a time:
+    // eight).
+    let (store, storage) = counting_with(ObjectStoreOptions::DEFAULT.with_fetch_budget(64 << 20));
+    Writer::new(tensors(80, 1 << 20))
+        .write_to(&storage, "m.bpk")
+        .unwrap();
+    let source = storage.open("m.bpk").unwrap();
+    let expected = {
+        let mut all = vec![0; source.len() as usize];
+        source.read_at(0, &mut all).unwrap();
+        all
+    };
+    let into = MemoryStorage::new();
+    store.gets.store(0, Ordering::SeqCst);
+    let crc = into
+        .copy_in("m.bpk", source.as_ref(), CreateOptions::default())
+        .unwrap();
+    assert_eq!(store.gets.load(Ordering::SeqCst), 4, "one GET per region");
+    assert_eq!(crc, weightbay::checksum::crc32c(&expected));
+    let mut copied = vec![0; expected.len()];
+    into.open("m.bpk").unwrap().read_at(0, &mut copied).unwrap();
+    assert!(copied == expected);
 }
