@@ -197,6 +197,7 @@ impl FileHandle for SimFile {
             if bytes.len() < end {
                 bytes.resize(end, 0);
             }
+            // The file reaches `end` now.
             bytes[start..end].copy_from_slice(data);
             Ok(())
         })

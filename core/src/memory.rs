@@ -180,6 +180,7 @@ impl Written {
         if buffer.len() < end {
             buffer.resize(end, 0);
         }
+        // The buffer reaches `end` now.
         buffer[offset..end].copy_from_slice(data);
     }
 }

@@ -200,6 +200,7 @@ impl Source for Remote {
         let mut offset = range.start;
         self.get_chunks(range, &mut |mut chunk| {
             if !gathered.is_empty() {
+                // At most the chunk's length, so both slices below are in it.
                 let fill = (piece_len - gathered.len()).min(chunk.len());
                 gathered.extend_from_slice(&chunk[..fill]);
                 chunk = &chunk[fill..];
