@@ -94,38 +94,34 @@ pub fn copy_by_position<S: Source + ?Sized>(
         }
         Ok(crc)
     };
-    if threads == 1 {
-        let mut crc = 0;
-        for region in &regions {
-            let region_crc = copy_region(region)?;
-            crc = crc32c_combine(crc, region_crc, (region.end - region.start) as usize);
-        }
-        return Ok(crc);
-    }
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| {
-                while !stopped.load(Ordering::Relaxed) {
-                    let index = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(region) = regions.get(index) else {
-                        return;
-                    };
-                    match copy_region(region) {
-                        Ok(crc) => {
-                            crcs.lock().unwrap_or_else(|e| e.into_inner())[index] = crc;
-                        }
-                        Err(e) => {
-                            // The first failure is the cause; the others only saw it stop them.
-                            if !stopped.swap(true, Ordering::Relaxed) {
-                                *first_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
-                            }
-                            return;
-                        }
+    // Takes regions in turn until none is left or one failed anywhere.
+    let work = || {
+        while !stopped.load(Ordering::Relaxed) {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            let Some(region) = regions.get(index) else {
+                return;
+            };
+            match copy_region(region) {
+                Ok(crc) => crcs.lock().unwrap_or_else(|e| e.into_inner())[index] = crc,
+                Err(e) => {
+                    // The first failure is the cause; the others only saw it stop them.
+                    if !stopped.swap(true, Ordering::Relaxed) {
+                        *first_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
                     }
+                    return;
                 }
-            });
+            }
         }
-    });
+    };
+    if threads == 1 {
+        work();
+    } else {
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(work);
+            }
+        });
+    }
     if let Some(e) = first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
         return Err(e);
     }
