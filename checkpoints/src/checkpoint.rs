@@ -72,19 +72,39 @@ impl Checkpoint {
         self.record.references().values().sum()
     }
 
+    /// `error`, a container found gone, as [`ErrorKind::NotFound`] when the checkpoint itself
+    /// is gone too (its record deleted, by retention, since it was opened): a reader can tell
+    /// a deleted checkpoint from a damaged one, the cause kept.
+    fn deleted_or(&self, error: Error) -> Error {
+        let record_key = layout::record_key(&self.dir);
+        match self.storage.open(&record_key) {
+            Err(gone) if gone.kind() == ErrorKind::NotFound => Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "the checkpoint of step {} was deleted while it was read",
+                    self.record.step
+                ),
+            )
+            .with_key(&record_key)
+            .with_source(error),
+            _ => error,
+        }
+    }
+
     /// The checkpoint's one container, opened (for a sharded set, use
     /// [`weights`](Self::weights)). An incremental checkpoint reads exactly like a full one:
     /// its pieces are read from the containers that hold them, a batched read asking each
     /// container once.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for a sharded set; [`ErrorKind::Corrupt`] naming the tensor
+    /// [`ErrorKind::InvalidInput`] for a sharded set; [`ErrorKind::NotFound`] when the
+    /// checkpoint was deleted since it was opened; [`ErrorKind::Corrupt`] naming the tensor
     /// and the key when an incremental checkpoint refers to a container that is gone; as
     /// [`Reader::open_key`].
     pub fn reader(&self) -> Result<Reader> {
         if let Some(pieces) = &self.record.pieces {
             let spliced = Spliced::open(self.storage.as_ref(), &self.prefix, pieces)
-                .map_err(|e| e.with_key(&self.dir))?;
+                .map_err(|e| self.deleted_or(e.with_key(&self.dir)))?;
             return Reader::open(Arc::new(spliced)).map_err(|e| e.with_key(&self.dir));
         }
         match (&self.record.index, self.record.containers.as_slice()) {
@@ -160,12 +180,14 @@ impl Checkpoint {
             let source = self.storage.open(&key).map_err(|e| {
                 let e = e.with_key(&key);
                 if e.kind() == ErrorKind::NotFound {
-                    Error::new(
-                        ErrorKind::Corrupt,
-                        "a container this checkpoint refers to is gone",
+                    self.deleted_or(
+                        Error::new(
+                            ErrorKind::Corrupt,
+                            "a container this checkpoint refers to is gone",
+                        )
+                        .with_key(&key)
+                        .with_source(e),
                     )
-                    .with_key(&key)
-                    .with_source(e)
                 } else {
                     e
                 }

@@ -70,17 +70,48 @@ impl Checkpoints {
         for slice in record.tensors.values_mut().flat_map(|t| &mut t.slices) {
             slice.container = moved(&slice.container);
         }
-        record.containers = self.copy_stored(
+        // A step older than the newest complete one is gc's to clean while it has no record:
+        // the copy announces what it writes, as an incremental save does what it refers to.
+        let step = checkpoint.step();
+        let announced = self.announce_copy(step, save, |key| moved(key), &checkpoint.record)?;
+        let copied = self.copy_stored(
             (checkpoint.storage.as_ref(), checkpoint.dir()),
             &checkpoint.record.containers,
             (dir, moved),
             heads,
             durability,
-        )?;
-        encode(&record)
-            .and_then(|body| self.storage.write_new(&record_key, &body, durability))
-            .inspect_err(|_| self.remove_containers(dir, &record.containers))?;
-        Ok(record)
+        );
+        let committed = copied.and_then(|containers| {
+            record.containers = containers;
+            self.check_lease(Some(announced))?;
+            self.confirm_written(dir, &record.containers)?;
+            encode(&record)
+                .and_then(|body| self.storage.write_new(&record_key, &body, durability))
+                .inspect_err(|_| self.remove_containers(dir, &record.containers))
+        });
+        self.withdraw(step, &format!("{dir}/{save}"));
+        committed.map(|()| record)
+    }
+
+    /// Announces the containers a copy of `record` into save directory `save` will write
+    /// (each key as `moved` places it), and returns when.
+    fn announce_copy(
+        &self,
+        step: u64,
+        save: &str,
+        moved: impl Fn(&str) -> String,
+        record: &CommitRecord,
+    ) -> Result<std::time::Instant> {
+        let dir = self.step_dir(step);
+        let keys = match &record.pieces {
+            Some(pieces) => vec![format!("{save}/{}", pieces.name)],
+            None => record.containers.iter().map(|c| moved(&c.key)).collect(),
+        };
+        let keys = keys
+            .into_iter()
+            .map(|key| layout::relative(&self.prefix, &format!("{dir}/{key}")).to_owned())
+            .collect();
+        self.announce(step, save, keys)
     }
 }
 
@@ -103,7 +134,11 @@ impl Checkpoints {
         };
         let source = Spliced::open(checkpoint.storage.as_ref(), &checkpoint.prefix, pieces)?;
         let from = (&source as &dyn Source, checkpoint.dir());
-        let copied = copy_checked(from, &whole, self.storage.as_ref(), &key, durability);
+        let step = checkpoint.step();
+        let announced = self.announce_copy(step, save, str::to_owned, &checkpoint.record)?;
+        let copied = copy_checked(from, &whole, self.storage.as_ref(), &key, durability)
+            .and_then(|()| self.check_lease(Some(announced)))
+            .and_then(|()| self.confirm_written(dir, std::slice::from_ref(&whole)));
         let stored = layout::relative(&self.prefix, &key).to_owned();
         let mut at = 0;
         let list = pieces
@@ -130,6 +165,7 @@ impl Checkpoints {
         let committed = copied
             .and_then(|()| encode(&record))
             .and_then(|body| self.storage.write_new(&record_key, &body, durability));
+        self.withdraw(step, &format!("{dir}/{save}"));
         if let Err(e) = committed {
             let _ = self.storage.delete(&key);
             return Err(e);

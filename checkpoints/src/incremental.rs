@@ -63,7 +63,7 @@ pub(crate) enum Decision {
 pub(crate) struct Base {
     pub(crate) record: CommitRecord,
     /// When the announcement was written, by this process's clock.
-    announced: Instant,
+    pub(crate) announced: Instant,
 }
 
 impl Checkpoints {
@@ -91,11 +91,31 @@ impl Checkpoints {
             return Ok(None);
         }
         let keys: BTreeSet<String> = pieces.list.iter().map(|p| p.key.clone()).collect();
+        let announced = self.announce(step, save_token, keys.into_iter().collect())?;
+        // Read after announcing: a gc that could not see the announcement saw this record, and
+        // kept what it refers to (the protocol on `gc`).
+        match self.read_record(found.step()) {
+            Ok(record) if record == found.record => Ok(Some(Base { record, announced })),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Announces that the save `save_token` of `step` may write or refer to `keys` (relative
+    /// to the prefix), so a gc pass keeps them for the lease (the protocol on
+    /// [`Checkpoints::gc`]); returns when, by this process's clock.
+    pub(crate) fn announce(
+        &self,
+        step: u64,
+        save_token: &str,
+        keys: Vec<String>,
+    ) -> Result<Instant> {
         let announcement = Announcement {
             weightbay_announcement: ANNOUNCEMENT_VERSION,
             step,
             time_unix_ms: now_unix_ms(),
-            keys: keys.into_iter().collect(),
+            keys,
         };
         let announced = Instant::now();
         let key = layout::announcement_key(&self.prefix, step, save_token);
@@ -106,14 +126,7 @@ impl Checkpoints {
                 weightbay::Durability::Default,
             )
             .map_err(|e| e.with_key(&key))?;
-        // Read after announcing: a gc that could not see the announcement saw this record, and
-        // kept what it refers to (the protocol on `gc`).
-        match self.read_record(found.step()) {
-            Ok(record) if record == found.record => Ok(Some(Base { record, announced })),
-            Ok(_) => Ok(None),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(announced)
     }
 
     /// Removes the announcement of the save into `save_dir`, if it made one, best effort:
@@ -125,11 +138,14 @@ impl Checkpoints {
             .delete(&layout::announcement_key(&self.prefix, step, token));
     }
 
-    /// Fails unless the base's announcement is young enough for every gc to honour it still.
-    pub(crate) fn check_lease(&self, base: Option<&Base>) -> Result<()> {
-        let Some(base) = base else { return Ok(()) };
+    /// Fails unless an announcement made at `announced` is young enough for every gc to
+    /// honour it still.
+    pub(crate) fn check_lease(&self, announced: Option<Instant>) -> Result<()> {
+        let Some(announced) = announced else {
+            return Ok(());
+        };
         let limit = self.lease - self.lease / 6;
-        if base.announced.elapsed() < limit {
+        if announced.elapsed() < limit {
             return Ok(());
         }
         Err(Error::new(

@@ -10,7 +10,7 @@ use weightbay::{Error, ErrorKind, Listed, Result};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
 use crate::layout;
-use crate::record::{CommitRecord, FAILURE_VERSION, RankFailure, read_json};
+use crate::record::{CommitRecord, ContainerRecord, FAILURE_VERSION, RankFailure, read_json};
 
 /// A step found under the prefix, committed or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,8 +28,22 @@ pub struct StepStatus {
     pub ranks: Option<RankProgress>,
 }
 
+impl StepStatus {
+    /// The other steps whose directories hold containers this step's checkpoint refers to
+    /// ([`CommitRecord::references`]): those stay, retired or not, while it is kept.
+    pub fn referenced_steps(&self) -> BTreeSet<u64> {
+        self.record
+            .iter()
+            .flat_map(CommitRecord::references)
+            .filter_map(|(key, _)| layout::step_of("", &key))
+            .collect()
+    }
+}
+
 /// A [`StepStatus`] whose failure records are named but not yet read.
 struct Status {
+    /// Why the record could not be read, when the storage failed (not its content).
+    unread: Option<Error>,
     step: u64,
     record: Option<CommitRecord>,
     state: StepState,
@@ -120,21 +134,36 @@ impl Checkpoints {
     /// # Errors
     /// The storage's errors ([`ErrorKind::Unsupported`] where it cannot list).
     pub fn list(&self) -> Result<Vec<StepStatus>> {
+        self.list_reading(false)
+    }
+
+    /// As [`list`](Self::list), for a pass that deletes on what it finds: a record that could
+    /// not be read for another reason than its content (the storage's error, a time-out) fails
+    /// the listing, where `list` reports the step `Damaged`: nothing is judged on a read that
+    /// did not happen.
+    pub(crate) fn list_judged(&self) -> Result<Vec<StepStatus>> {
+        self.list_reading(true)
+    }
+
+    fn list_reading(&self, judged: bool) -> Result<Vec<StepStatus>> {
         let listing = self.listing()?;
         let lengths = lengths(&listing);
-        Ok(listing
+        listing
             .iter()
             .map(|(&step, stored)| {
                 let mut status = self.status(step, stored, &lengths);
+                if let Some(e) = status.unread.take().filter(|_| judged) {
+                    return Err(e);
+                }
                 if let Some((progress, failures)) = &mut status.ranks {
                     progress.failed = failures
                         .iter()
                         .map(|key| self.read_failure(step, key))
                         .collect();
                 }
-                status.into()
+                Ok(status.into())
             })
-            .collect())
+            .collect()
     }
 
     /// Everything stored under the prefix, by step: one [`Storage::list`].
@@ -170,18 +199,29 @@ impl Checkpoints {
     /// named, not read.
     fn status(&self, step: u64, stored: &[Listed], lengths: &BTreeMap<&str, u64>) -> Status {
         let record_key = layout::record_key(&self.step_dir(step));
+        let mut unread = None;
         let (record, state) = if stored.iter().any(|l| l.key == record_key) {
             match self.read_record(step) {
                 Ok(record) => {
                     let state = check_present(&self.prefix, &record, lengths);
                     (Some(record), state)
                 }
-                Err(e) => (None, StepState::Damaged(e.to_string())),
+                // Deleted between the listing and the read (retention elsewhere): no
+                // checkpoint now, and not a damaged one.
+                Err(e) if e.kind() == ErrorKind::NotFound => (None, StepState::Uncommitted),
+                Err(e) => {
+                    let why = e.to_string();
+                    if e.kind() != ErrorKind::Corrupt {
+                        unread = Some(e);
+                    }
+                    (None, StepState::Damaged(why))
+                }
             }
         } else {
             (None, StepState::Uncommitted)
         };
         Status {
+            unread,
             step,
             record,
             state,
@@ -253,6 +293,53 @@ impl Checkpoints {
             dir,
             record,
         })
+    }
+}
+
+impl Checkpoints {
+    /// Fails unless every one of `containers` (keys relative to `dir`) is listed with its
+    /// length: what a save or copy checks right before it writes a commit record, so that no
+    /// record is created naming a container that a gc pass removed meanwhile. A storage that
+    /// cannot list has nothing to check against.
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] naming a container that is gone; [`ErrorKind::Corrupt`] naming
+    /// one of another length; the storage's errors.
+    pub(crate) fn confirm_written(&self, dir: &str, containers: &[ContainerRecord]) -> Result<()> {
+        if containers.is_empty() || !self.storage.capabilities().listing {
+            return Ok(());
+        }
+        let stored: BTreeMap<String, u64> = self
+            .storage
+            .list(dir)?
+            .into_iter()
+            .map(|l| (l.key, l.len))
+            .collect();
+        for container in containers {
+            let key = format!("{dir}/{}", container.key);
+            match stored.get(&key) {
+                Some(&len) if len == container.len => {}
+                Some(&len) => {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "it holds {len} bytes where {} were written: nothing was committed",
+                            container.len
+                        ),
+                    )
+                    .with_key(&key));
+                }
+                None => {
+                    return Err(Error::new(
+                        ErrorKind::NotFound,
+                        "written by this save, it is gone (a gc pass may have removed it): \
+                         nothing was committed",
+                    )
+                    .with_key(&key));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use weightbay::checksum::crc32c_append;
-use weightbay::{Capabilities, CreateOptions, Result, Sink, Source, Storage};
+use weightbay::{Capabilities, CreateOptions, Listed, PendingWrite, Result, Sink, Source, Storage};
 
 use crate::following::{Announced, Followed, Progress};
 
@@ -54,6 +54,9 @@ impl Recording {
     }
 }
 
+// Every method forwarded: one left to the trait's default would answer `Unsupported` through
+// the wrapper.
+#[deny(clippy::missing_trait_methods)]
 impl Storage for Recording {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
@@ -89,6 +92,18 @@ impl Storage for Recording {
 
     fn delete(&self, key: &str) -> Result<()> {
         self.inner.delete(key)
+    }
+
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.inner.pending(prefix)
+    }
+
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.inner.clean_pending(prefix)
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
+        self.inner.list(prefix)
     }
 }
 

@@ -4,12 +4,13 @@
 //! refers to.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use weightbay::{Error, ErrorKind, PendingWrite, Result, Storage};
 
 use crate::checkpoints::Checkpoints;
 use crate::layout;
-use crate::listing::{StepState, StepStatus};
+use crate::listing::{StepState, StepStatus, complete_steps};
 use crate::record::{ANNOUNCEMENT_VERSION, Announcement, CommitRecord, now_unix_ms, read_json};
 
 /// One value for each tier: a retention policy each ([`Tiered::retain`](crate::Tiered::retain),
@@ -55,6 +56,10 @@ impl Retention {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GcReport {
+    /// Steps whose checkpoints a retention policy deleted ([`Checkpoints::gc_retaining`]):
+    /// their records first, then their containers no kept checkpoint refers to, which are
+    /// among the orphans.
+    pub checkpoints: Vec<u64>,
     /// Keys of containers no commit record names or refers to.
     pub orphans: Vec<String>,
     /// Keys of announcements that protect nothing any more: their save committed, or their
@@ -68,6 +73,10 @@ pub struct GcReport {
     /// objects, multipart uploads and their journals): the storage's own cleanup
     /// ([`Storage::clean_pending`]).
     pub pending: Vec<PendingWrite>,
+    /// Unfinished-write records under the prefix that the storage refuses to act on
+    /// ([`PendingWrite::refused`]: forged, or another tool's): left untouched, for a person
+    /// to look at.
+    pub refused: Vec<PendingWrite>,
 }
 
 /// What no deletion may touch now: every container a commit record names or its pieces lie
@@ -77,6 +86,27 @@ struct Protected {
     /// Each protected key, with why.
     keys: BTreeMap<String, String>,
     spent: Vec<String>,
+    /// Until when the pass may delete on what it read: a sixth of the lease after it began
+    /// to read the announcements (the protocol on [`Checkpoints::gc`]).
+    deadline: Instant,
+}
+
+impl Protected {
+    /// Fails once the pass has run past its deadline, saying how far it got.
+    fn check_deadline(&self, lease: std::time::Duration, deleted: usize) -> Result<()> {
+        if Instant::now() < self.deadline {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::TimedOut,
+            format!(
+                "the pass stopped after {deleted} deletions: it had run for a sixth of the \
+                 reference lease ({:?}) since it read the announcements, and a save announced \
+                 after that may refer to what is left; run it again",
+                lease / 6
+            ),
+        ))
+    }
 }
 
 impl Checkpoints {
@@ -95,32 +125,16 @@ impl Checkpoints {
         Ok(doomed)
     }
 
-    /// The committed steps `policy` does not keep, oldest first, without deleting anything
-    /// (what [`retain`](Self::retain) would delete). The newest complete checkpoint is always
-    /// kept; uncommitted steps are [`gc`](Self::gc)'s.
+    /// The complete checkpoints `policy` does not keep, oldest first, without deleting
+    /// anything (what [`retain`](Self::retain) would delete). The newest complete checkpoint
+    /// is always kept; uncommitted steps are [`gc`](Self::gc)'s; damaged ones are left for a
+    /// person to look at (what they name may come back, or be read by hand), and only
+    /// [`delete_step`](Self::delete_step) deletes them.
     ///
     /// # Errors
     /// As [`list`](Self::list).
     pub fn retention_plan(&self, policy: &Retention) -> Result<Vec<u64>> {
-        let statuses = self.list()?;
-        let complete: Vec<u64> = statuses
-            .iter()
-            .filter(|s| s.state == StepState::Complete)
-            .map(|s| s.step)
-            .collect();
-        let mut keep: BTreeSet<u64> = complete.last().copied().into_iter().collect();
-        if let Some(n) = policy.keep_last {
-            keep.extend(complete.iter().rev().take(n));
-        }
-        Ok(statuses
-            .into_iter()
-            .filter(|status| {
-                let committed = status.state != StepState::Uncommitted;
-                let every = policy.keep_every.is_some_and(|k| status.step % k == 0);
-                committed && !every && !keep.contains(&status.step)
-            })
-            .map(|status| status.step)
-            .collect())
+        Ok(retention_plan(&self.list_judged()?, policy))
     }
 
     /// Deletes the checkpoint of `step`: its commit record first, then everything under its
@@ -150,12 +164,15 @@ impl Checkpoints {
                 &layout::record_key(&self.step_dir(step)),
             )?;
         }
-        let statuses = self.list()?;
-        let protected = self.protected(&statuses, &deleted)?;
+        let statuses = self.list_judged()?;
+        let protected = self.protected(&statuses, &deleted, &BTreeSet::new())?;
+        let mut count = steps.len();
         for &step in steps {
             for listed in self.storage.list(&self.step_dir(step))? {
                 if !protected.keys.contains_key(&listed.key) {
+                    protected.check_deadline(self.lease, count)?;
                     delete_if_present(self.storage.as_ref(), &listed.key)?;
+                    count += 1;
                 }
             }
         }
@@ -200,14 +217,7 @@ impl Checkpoints {
     /// [`ErrorKind::Corrupt`] naming an announcement of an unknown version (it may protect
     /// anything, so nothing is removed); the storage's errors.
     pub fn gc(&self) -> Result<GcReport> {
-        let mut report = self.sweep()?;
-        for key in report.orphans.iter().chain(&report.spent) {
-            delete_if_present(self.storage.as_ref(), key)?;
-        }
-        if self.storage.capabilities().pending_listing {
-            report.pending = self.storage.clean_pending(&self.prefix)?;
-        }
-        Ok(report)
+        self.collect(None, Pass::Delete)
     }
 
     /// What [`gc`](Self::gc) would remove now, without removing anything. An unfinished write
@@ -217,19 +227,105 @@ impl Checkpoints {
     /// # Errors
     /// As [`list`](Self::list).
     pub fn gc_plan(&self) -> Result<GcReport> {
-        let mut report = self.sweep()?;
-        if self.storage.capabilities().pending_listing {
-            report.pending = self.storage.pending(&self.prefix)?;
-            report.pending.retain(|p| p.abandoned);
+        self.collect(None, Pass::Plan)
+    }
+
+    /// Deletes the complete checkpoints `policy` does not keep and then cleans up as
+    /// [`gc`](Self::gc), in one pass whose report names every deletion: the steps, and their
+    /// containers among the orphans. What [`retain`](Self::retain) and then `gc` do, reported
+    /// so that [`gc_plan_retaining`](Self::gc_plan_retaining) shows the same deletions.
+    ///
+    /// # Errors
+    /// As [`gc`](Self::gc); what was deleted before an error stays deleted.
+    pub fn gc_retaining(&self, policy: &Retention) -> Result<GcReport> {
+        self.collect(Some(policy), Pass::Delete)
+    }
+
+    /// What [`gc_retaining`](Self::gc_retaining) would delete now, deleting nothing: on a
+    /// prefix nothing else writes meanwhile, exactly the same report.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn gc_plan_retaining(&self, policy: &Retention) -> Result<GcReport> {
+        self.collect(Some(policy), Pass::Plan)
+    }
+
+    /// One pass of gc, after retention by `policy` if given: deleting, or planning what it
+    /// would delete. A plan reads the listing as the deleting pass would find it after
+    /// deleting the retired records, so the two reports agree.
+    fn collect(&self, policy: Option<&Retention>, pass: Pass) -> Result<GcReport> {
+        let mut statuses = self.list_judged()?;
+        let doomed = policy.map_or_else(Vec::new, |policy| retention_plan(&statuses, policy));
+        let doomed_set: BTreeSet<u64> = doomed.iter().copied().collect();
+        let retired: Vec<CommitRecord> = statuses
+            .iter()
+            .filter(|s| doomed_set.contains(&s.step))
+            .filter_map(|s| s.record.clone())
+            .collect();
+        let ignored = match pass {
+            Pass::Delete if !doomed.is_empty() => {
+                // The records go first, so a checkpoint half deleted is never complete; the
+                // listing is read again after, as the protocol on `gc` needs.
+                for &step in &doomed {
+                    let key = layout::record_key(&self.step_dir(step));
+                    delete_if_present(self.storage.as_ref(), &key)?;
+                }
+                statuses = self.list_judged()?;
+                BTreeSet::new()
+            }
+            Pass::Delete => BTreeSet::new(),
+            Pass::Plan => {
+                for status in statuses.iter_mut().filter(|s| doomed_set.contains(&s.step)) {
+                    status.record = None;
+                    status.state = StepState::Uncommitted;
+                }
+                doomed_set
+            }
+        };
+        let (mut report, protected) = self.sweep(&statuses, &retired, &ignored)?;
+        report.checkpoints = doomed;
+        let pending = self.storage.capabilities().pending_listing;
+        match pass {
+            Pass::Delete => {
+                let doomed_keys = report.orphans.iter().chain(&report.spent);
+                for (count, key) in doomed_keys.enumerate() {
+                    protected.check_deadline(self.lease, report.checkpoints.len() + count)?;
+                    delete_if_present(self.storage.as_ref(), key)?;
+                }
+                if pending {
+                    report.refused = self.storage.pending(&self.prefix)?;
+                    report.refused.retain(|p| p.refused.is_some());
+                    report.pending = self.storage.clean_pending(&self.prefix)?;
+                }
+            }
+            Pass::Plan if pending => {
+                let (refused, pending) = self
+                    .storage
+                    .pending(&self.prefix)?
+                    .into_iter()
+                    .partition(|p| p.refused.is_some());
+                report.refused = refused;
+                report.pending = pending;
+                report.pending.retain(|p| p.abandoned);
+            }
+            Pass::Plan => {}
         }
         Ok(report)
     }
 
     /// What references protect, read in the order the protocol on [`gc`](Self::gc) needs:
     /// `statuses` (the first reading of the records), then the announcements, then the
-    /// records that are new since `statuses`. `deleted` are records this pass deleted: they
-    /// protect nothing, but their saves' announcements are spent.
-    fn protected(&self, statuses: &[StepStatus], deleted: &[CommitRecord]) -> Result<Protected> {
+    /// records that are new since `statuses`. `deleted` are records this pass deleted (or, in
+    /// a plan, would delete: their steps are `ignored` in the second reading): they protect
+    /// nothing, but their saves' announcements are spent. A record that is damaged protects
+    /// nothing it could name: its step is kept whole instead.
+    fn protected(
+        &self,
+        statuses: &[StepStatus],
+        deleted: &[CommitRecord],
+        ignored: &BTreeSet<u64>,
+    ) -> Result<Protected> {
+        let deadline = Instant::now() + self.lease / 6;
         let records: Vec<&CommitRecord> =
             statuses.iter().filter_map(|s| s.record.as_ref()).collect();
         let mut keys = BTreeMap::new();
@@ -283,16 +379,23 @@ impl Checkpoints {
         let read: BTreeSet<u64> = records.iter().map(|r| r.step).collect();
         for (step, stored) in self.listing()? {
             let record_key = layout::record_key(&self.step_dir(step));
-            if read.contains(&step) || !stored.iter().any(|l| l.key == record_key) {
+            let listed = stored.iter().any(|l| l.key == record_key);
+            if read.contains(&step) || ignored.contains(&step) || !listed {
                 continue;
             }
             match self.read_record(step) {
                 Ok(record) => self.protect(&record, &mut keys),
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                // Gone since, or damaged (as `list` reports it): the sweep keeps a damaged
+                // step whole.
+                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Corrupt) => {}
                 Err(e) => return Err(e),
             }
         }
-        Ok(Protected { keys, spent })
+        Ok(Protected {
+            keys,
+            spent,
+            deadline,
+        })
     }
 
     /// Adds every container `record` names or its pieces lie in to `keys`.
@@ -308,10 +411,15 @@ impl Checkpoints {
         }
     }
 
-    /// What [`gc`](Self::gc) would remove and keep, but for unfinished writes.
-    fn sweep(&self) -> Result<GcReport> {
-        let statuses = self.list()?;
-        let protected = self.protected(&statuses, &[])?;
+    /// What [`gc`](Self::gc) would remove and keep of `statuses`, but for unfinished
+    /// writes, with what protects the rest ([`protected`](Self::protected)'s arguments).
+    fn sweep(
+        &self,
+        statuses: &[StepStatus],
+        deleted: &[CommitRecord],
+        ignored: &BTreeSet<u64>,
+    ) -> Result<(GcReport, Protected)> {
+        let protected = self.protected(statuses, deleted, ignored)?;
         let newest_complete = statuses
             .iter()
             .rev()
@@ -363,13 +471,40 @@ impl Checkpoints {
                 }
             }
         }
-        Ok(GcReport {
+        let report = GcReport {
+            checkpoints: Vec::new(),
             orphans,
-            spent: protected.spent,
+            spent: protected.spent.clone(),
             kept,
             pending: Vec::new(),
-        })
+            refused: Vec::new(),
+        };
+        Ok((report, protected))
     }
+}
+
+/// Whether a gc pass deletes, or only says what it would delete.
+#[derive(Clone, Copy)]
+enum Pass {
+    Delete,
+    Plan,
+}
+
+/// The complete steps of `statuses` that `policy` does not keep, oldest first; the newest
+/// complete one is always kept.
+fn retention_plan(statuses: &[StepStatus], policy: &Retention) -> Vec<u64> {
+    let complete = complete_steps(statuses);
+    let mut keep: BTreeSet<u64> = complete.last().copied().into_iter().collect();
+    if let Some(n) = policy.keep_last {
+        keep.extend(complete.iter().rev().take(n));
+    }
+    complete
+        .into_iter()
+        .filter(|&step| {
+            let every = policy.keep_every.is_some_and(|k| step % k == 0);
+            !every && !keep.contains(&step)
+        })
+        .collect()
 }
 
 /// Deletes `key`; one already gone is fine.

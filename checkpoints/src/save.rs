@@ -228,7 +228,7 @@ impl Checkpoints {
                 .map(|summary| (Some(summary.index), None, None)),
         };
         let written = written.and_then(|(index, base, pieces)| {
-            self.check_lease(base.as_ref())?;
+            self.check_lease(base.as_ref().map(|b| b.announced))?;
             Ok((index, pieces))
         });
         let (index, pieces) = match written {
@@ -267,6 +267,11 @@ impl Checkpoints {
             tensors: BTreeMap::new(),
             pieces,
         };
+        if let Err(e) = self.confirm_written(&step_dir, &record.containers) {
+            recording.remove_all();
+            self.withdraw(step, save_dir);
+            return Err(e);
+        }
         let body = encode(&record)?;
         let mut options = CreateOptions::default().with_durability(durability);
         options.deadline = deadline;

@@ -1,6 +1,7 @@
 //! `weightbay`: inspect, verify and copy checkpoints on any storage.
 
 mod demo;
+mod escape;
 mod progress;
 mod target;
 mod tiers;
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use escape::escaped;
 use target::{Target, resolve};
 use weightbay::Format;
 use weightbay::{Durability, ErrorKind, Reader, Result, Scalar, StorageExt, WriteMode, Writer};
@@ -142,7 +144,7 @@ fn main() -> ExitCode {
             ExitCode::from(130)
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", escaped(&e.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -168,7 +170,9 @@ fn retry() -> object_store::RetryConfig {
 fn restarting<T>(what: &str, attempt: impl FnMut() -> Result<T>) -> Result<T> {
     weightbay::retry_on_change(3, attempt, |e, attempt| {
         eprintln!(
-            "{what} changed while it was read ({e}); starting over on its new version (attempt {attempt} of 3)"
+            "{} changed while it was read ({}); starting over on its new version (attempt {attempt} of 3)",
+            escaped(what),
+            escaped(&e.to_string())
         );
     })
 }
@@ -212,7 +216,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 let several = readers.len() > 1;
                 for (key, reader) in &readers {
                     if several {
-                        println!("== {key}");
+                        println!("== {}", escaped(key));
                     }
                     print!("{}", inspect_table(reader));
                 }
@@ -314,7 +318,10 @@ fn run(command: Command) -> Result<ExitCode> {
                 storage.finish();
                 Ok(((summary.tensors, summary.len), format))
             })?;
-            eprintln!("copied {tensors} tensors, {len} bytes, as {format}, to {dst}");
+            eprintln!(
+                "copied {tensors} tensors, {len} bytes, as {format}, to {}",
+                escaped(&dst)
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Ls { url, durable: None } => {
@@ -342,34 +349,18 @@ fn run(command: Command) -> Result<ExitCode> {
                 .and_every(keep_every.unwrap_or(0));
             let retire = keep_last.is_some() || keep_every.is_some();
             let verb = if dry_run { "would delete" } else { "deleted" };
-            let steps = match (retire, dry_run) {
-                (false, _) => Vec::new(),
-                (true, true) => checkpoints.retention_plan(&policy)?,
-                (true, false) => checkpoints.retain(&policy)?,
+            // One pass, planned or carried out: a dry run prints exactly what the same gc
+            // deletes, the retired checkpoints' containers included.
+            let report = match (retire, dry_run) {
+                (false, false) => checkpoints.gc()?,
+                (false, true) => checkpoints.gc_plan()?,
+                (true, false) => checkpoints.gc_retaining(&policy)?,
+                (true, true) => checkpoints.gc_plan_retaining(&policy)?,
             };
-            for step in &steps {
-                println!("{verb} checkpoint step {step}");
-            }
-            let report = if dry_run {
-                checkpoints.gc_plan()?
-            } else {
-                checkpoints.gc()?
-            };
-            for pending in &report.pending {
-                println!("{verb} unfinished write of {pending}");
-            }
-            for orphan in &report.orphans {
-                println!("{verb} {orphan} (no commit record names it)");
-            }
-            for spent in &report.spent {
-                println!("{verb} {spent} (an announcement whose save committed, or expired)");
-            }
-            for (key, why) in &report.kept {
-                println!("keeping {key} ({why})");
-            }
+            print!("{}", gc_lines(&report, verb));
             eprintln!(
                 "{verb} {} checkpoints, {} stray containers and {} unfinished writes",
-                steps.len(),
+                report.checkpoints.len(),
                 report.orphans.len(),
                 report.pending.len()
             );
@@ -377,6 +368,37 @@ fn run(command: Command) -> Result<ExitCode> {
         }
         Command::Demo { size_mib, dir } => demo::run(size_mib, dir).map(|()| ExitCode::SUCCESS),
     }
+}
+
+/// What a gc pass deleted (or would delete, with `verb` saying which) and kept, a line each,
+/// stored names escaped.
+fn gc_lines(report: &weightbay_checkpoints::GcReport, verb: &str) -> String {
+    let mut out = String::new();
+    for step in &report.checkpoints {
+        out += &format!("{verb} checkpoint step {step}\n");
+    }
+    for pending in &report.pending {
+        out += &format!(
+            "{verb} unfinished write of {}\n",
+            escaped(&pending.to_string())
+        );
+    }
+    for orphan in &report.orphans {
+        out += &format!("{verb} {} (no commit record names it)\n", escaped(orphan));
+    }
+    for spent in &report.spent {
+        out += &format!(
+            "{verb} {} (an announcement whose save committed, or expired)\n",
+            escaped(spent)
+        );
+    }
+    for (key, why) in &report.kept {
+        out += &format!("keeping {} ({})\n", escaped(key), escaped(why));
+    }
+    for refused in &report.refused {
+        out += &format!("left untouched: {}\n", escaped(&refused.to_string()));
+    }
+    out
 }
 
 /// The checkpoints under `url`, which must be able to list.
@@ -434,7 +456,7 @@ fn verify_containers(
     let mut unchecked = false;
     for (key, report) in &reports {
         let name = if several {
-            format!("{key}: ")
+            format!("{}: ", escaped(key))
         } else {
             String::new()
         };
@@ -477,7 +499,7 @@ fn verify_checkpoints(checkpoints: &Checkpoints, steps: Vec<u64>) -> Result<Exit
             ),
             Err(e) => {
                 failed += 1;
-                println!("FAILED: step {step}: {e}");
+                println!("FAILED: step {step}: {}", escaped(&e.to_string()));
             }
         }
     }
@@ -580,6 +602,14 @@ fn copy_checkpoints(
 /// The `ls` table. A checkpoint written by several ranks shows their number; a step whose
 /// ranks are still writing (or died) shows which ranks' manifests are missing.
 fn ls_table(statuses: &[StepStatus]) -> String {
+    // Steps without a record whose containers a recorded step's pieces lie in: retired by
+    // retention, kept for those that refer to them.
+    let mut referrers: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for status in statuses {
+        for referred in status.referenced_steps() {
+            referrers.entry(referred).or_default().push(status.step);
+        }
+    }
     let mut out = format!(
         "{:>12}  {:<23}  {:>14}  {:>14}  {:<11}  {:>10}  {:>5}  state\n",
         "step", "time", "bytes", "refers to", "format", "containers", "ranks"
@@ -588,7 +618,7 @@ fn ls_table(statuses: &[StepStatus]) -> String {
         let (time, format, containers, refers) = match &status.record {
             Some(record) => (
                 target::utc(record.time_unix_ms),
-                record.format.clone(),
+                escaped(&record.format).into_owned(),
                 record.containers.len().to_string(),
                 record.references().values().sum::<u64>().to_string(),
             ),
@@ -610,7 +640,7 @@ fn ls_table(statuses: &[StepStatus]) -> String {
         };
         let state = match (&status.state, &status.ranks) {
             (StepState::Complete, _) => "complete".to_owned(),
-            (StepState::Damaged(why), _) => format!("DAMAGED: {why}"),
+            (StepState::Damaged(why), _) => format!("DAMAGED: {}", escaped(why)),
             (StepState::Uncommitted, Some(progress)) if !progress.failed.is_empty() => {
                 let failed: Vec<u32> = progress.failed.iter().map(|f| f.rank).collect();
                 let silent: Vec<u32> = progress
@@ -623,7 +653,12 @@ fn ls_table(statuses: &[StepStatus]) -> String {
                     state += &format!("; waiting for rank(s) {}", rank_list(&silent));
                 }
                 for failure in progress.failed.iter().take(4) {
-                    state += &format!("\n{:>14}rank {}: {}", "", failure.rank, failure.error);
+                    state += &format!(
+                        "\n{:>14}rank {}: {}",
+                        "",
+                        failure.rank,
+                        escaped(&failure.error)
+                    );
                 }
                 if progress.failed.len() > 4 {
                     state += &format!("\n{:>14}and {} more", "", progress.failed.len() - 4);
@@ -641,9 +676,14 @@ fn ls_table(statuses: &[StepStatus]) -> String {
                  rerun, or Checkpoints::commit_ranks, commits it)"
                     .to_owned()
             }
-            (StepState::Uncommitted, None) => {
-                "uncommitted (saving, or a save that died)".to_owned()
-            }
+            (StepState::Uncommitted, None) => match referrers.get(&status.step) {
+                Some(steps) => format!(
+                    "retired: no commit record, but step(s) {} refer to its containers, which \
+                     stay until none does",
+                    steps_list(steps)
+                ),
+                None => "uncommitted (saving, or a save that died)".to_owned(),
+            },
         };
         out += &format!(
             "{:>12}  {time:<23}  {:>14}  {refers:>14}  {format:<11}  {containers:>10}  {:>5}  {state}\n",
@@ -656,6 +696,15 @@ fn ls_table(statuses: &[StepStatus]) -> String {
         out += "(no checkpoints)\n";
     }
     out
+}
+
+/// Steps as `3, 4, 9`: at most 8 of them, then how many more.
+fn steps_list(steps: &[u64]) -> String {
+    let shown: Vec<String> = steps.iter().take(8).map(u64::to_string).collect();
+    match steps.len() {
+        n if n > 8 => format!("{} and {} more", shown.join(", "), n - 8),
+        _ => shown.join(", "),
+    }
 }
 
 /// Ranks as `0, 3, 5` — at most 16 of them, then how many more.
@@ -680,7 +729,7 @@ fn inspect_table(reader: &Reader) -> String {
         .iter()
         .map(|t| {
             [
-                t.name().to_owned(),
+                escaped(t.name()).into_owned(),
                 t.dtype().to_string(),
                 format!("{:?}", t.shape()),
                 t.byte_len().to_string(),
@@ -715,13 +764,13 @@ fn inspect_table(reader: &Reader) -> String {
     if !reader.metadata().is_empty() {
         out += "\nmetadata:\n";
         for (k, v) in reader.metadata() {
-            out += &format!("  {k} = {v}\n");
+            out += &format!("  {} = {}\n", escaped(k), escaped(v));
         }
     }
     if !reader.scalars().is_empty() {
         out += "\nscalars:\n";
         for (k, v) in reader.scalars() {
-            out += &format!("  {k} = {}\n", v);
+            out += &format!("  {} = {v}\n", escaped(k));
         }
     }
     out

@@ -32,6 +32,8 @@ pub(crate) fn resolve(location: &Location) -> Result<Target> {
     if location.key.ends_with(".index.json") {
         let weights =
             ShardedWeights::open(Arc::clone(&location.storage), &location.key).map_err(in_store)?;
+        // An index whose map and shards disagree describes another model: refused whole.
+        weights.check_map().map_err(|e| e.with_key(&location.key))?;
         let shards = weights
             .shard_keys()
             .into_iter()

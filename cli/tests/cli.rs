@@ -755,3 +755,98 @@ fn tiered_checkpoints_list_both_tiers_side_by_side() {
     );
     assert_eq!(stdout.matches("complete").count(), 5, "{stdout}");
 }
+
+#[test]
+fn stored_names_cannot_forge_terminal_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("forged.bpk");
+    let forged = "w\r\x1b[2Kok: every checksum matches\n";
+    Writer::new(vec![Tensor::new(forged, DType::U8, [4], vec![1; 4])])
+        .with_metadata("note\x1b]0;title\x07", "a\nb")
+        .write_to(
+            &weightbay_local::LocalStorage::new(dir.path()),
+            "forged.bpk",
+        )
+        .unwrap();
+    let output = weightbay(&["inspect", path.to_str().unwrap()]);
+    let (stdout, _) = text(&output);
+    assert!(output.status.success());
+    assert!(!stdout.contains('\x1b') && !stdout.contains('\r'), "{stdout:?}");
+    assert!(stdout.contains("w\\r\\x1b[2Kok: every checksum matches\\n"), "{stdout}");
+    assert!(stdout.contains("note\\x1b]0;title\\x07 = a\\nb"), "{stdout}");
+    // JSON stays exact.
+    let json = weightbay(&["inspect", "--json", path.to_str().unwrap()]);
+    let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(value["tensors"][0]["name"], forged);
+}
+
+#[test]
+fn an_index_that_disagrees_with_its_shards_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = weightbay_local::LocalStorage::new(dir.path());
+    let tensors = (0..4)
+        .map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![i as u8; 1000]))
+        .collect();
+    let summary =
+        weightbay::ShardedWriter::new(Writer::new(tensors).with_format(Format::Safetensors))
+            .with_shard_len(2000)
+            .write_to(&storage, "hf")
+            .unwrap();
+    let index = dir.path().join(&summary.index);
+    let original: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    let shard = original["weight_map"]["w0"].as_str().unwrap().to_owned();
+    let mut names_a_missing_tensor = original.clone();
+    names_a_missing_tensor["weight_map"]["ghost"] = shard.clone().into();
+    let mut leaves_one_out = original.clone();
+    leaves_one_out["weight_map"]
+        .as_object_mut()
+        .unwrap()
+        .remove("w3");
+    let mut empty = original;
+    empty["weight_map"] = serde_json::json!({});
+    for (index_json, says) in [
+        (names_a_missing_tensor, "ghost"),
+        (leaves_one_out, "w3"),
+        (empty, "names no tensor"),
+    ] {
+        std::fs::write(&index, serde_json::to_vec(&index_json).unwrap()).unwrap();
+        let output = weightbay(&["verify", "--require-checksums", index.to_str().unwrap()]);
+        let (stdout, stderr) = text(&output);
+        assert!(!output.status.success(), "{stdout}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}
+
+#[test]
+fn gc_dry_run_prints_what_gc_then_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let checkpoints =
+        weightbay_checkpoints::Checkpoints::new(weightbay_local::LocalStorage::new(&run), "");
+    for step in 1..=5 {
+        let tensors = vec![Tensor::new("w", DType::U8, [64], vec![step as u8; 64])];
+        checkpoints.save(step, Writer::new(tensors)).unwrap();
+    }
+    std::fs::write(run.join("step-2/stray.bin"), b"left by a dead save").unwrap();
+    std::fs::write(run.join("step-3/commit.json"), b"{").unwrap();
+    let canary = dir.path().join("elsewhere/step-4");
+    std::fs::create_dir_all(&canary).unwrap();
+    std::fs::write(canary.join("model.bpk"), b"someone else's").unwrap();
+    std::os::unix::fs::symlink(&canary, run.join("step-0")).unwrap();
+    let run = run.to_str().unwrap();
+    let plan = weightbay(&["gc", run, "--keep-last", "1", "--dry-run"]);
+    let done = weightbay(&["gc", run, "--keep-last", "1"]);
+    let (planned, _) = text(&plan);
+    let (deleted, _) = text(&done);
+    assert!(plan.status.success() && done.status.success(), "{planned}{deleted}");
+    assert_eq!(planned.replace("would delete", "deleted"), deleted);
+    assert!(deleted.contains("deleted checkpoint step 4"), "{deleted}");
+    assert!(deleted.contains("step-2/stray.bin"), "{deleted}");
+    assert_eq!(
+        std::fs::read(canary.join("model.bpk")).unwrap(),
+        b"someone else's"
+    );
+    let (listed, _) = text(&weightbay(&["ls", run]));
+    assert!(listed.contains("DAMAGED"), "the damaged step stays: {listed}");
+}

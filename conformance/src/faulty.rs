@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use weightbay::backend_kit::{FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
 use weightbay::{
     Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, PositionedWrite,
     ReadBack, Result, Sink, Source, Storage,
@@ -449,7 +449,19 @@ impl FileSystem for FaultyFileSystem {
         self.plan.file_op("sync_dir", || self.inner.sync_dir(dir))
     }
 
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+    fn remove_file_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.plan.file_op("remove_file_below", || {
+            self.inner.remove_file_below(root, relative)
+        })
+    }
+
+    fn remove_dir_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.plan.file_op("remove_dir_below", || {
+            self.inner.remove_dir_below(root, relative)
+        })
+    }
+
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(OsString, EntryKind)>> {
         self.plan.file_op("list_dir", || self.inner.list_dir(dir))
     }
 

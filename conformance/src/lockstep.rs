@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
-use weightbay::backend_kit::{FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
 
 /// How long an operation waits for the other thread's before the case gives up on it.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -128,7 +128,13 @@ impl FileSystem for Lockstep {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.step(|| self.inner.sync_dir(dir))
     }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+    fn remove_file_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.step(|| self.inner.remove_file_below(root, relative))
+    }
+    fn remove_dir_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.step(|| self.inner.remove_dir_below(root, relative))
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(OsString, EntryKind)>> {
         self.step(|| self.inner.list_dir(dir))
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {

@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use weightbay::backend_kit::{FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
 
 #[derive(Debug, Clone, Default)]
 struct Inode {
@@ -313,6 +313,15 @@ impl FileSystem for SimulatedDisk {
         })
     }
 
+    /// This disk has no symlinks: the path below the root is removed as it is.
+    fn remove_file_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.remove_file(&root.join(relative))
+    }
+
+    fn remove_dir_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.remove_dir(&root.join(relative))
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.operate(|state| {
             let entries = state.entries(dir)?.clone();
@@ -321,16 +330,20 @@ impl FileSystem for SimulatedDisk {
         })
     }
 
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(OsString, EntryKind)>> {
         self.operate(|state| {
-            let mut names: Vec<OsString> = state.entries(dir)?.keys().cloned().collect();
+            let mut names: Vec<(OsString, EntryKind)> = state
+                .entries(dir)?
+                .keys()
+                .map(|name| (name.clone(), EntryKind::File))
+                .collect();
             names.extend(
                 state
                     .dirs
                     .iter()
                     .filter(|d| d.parent() == Some(dir))
                     .filter_map(|d| d.file_name())
-                    .map(OsString::from),
+                    .map(|name| (OsString::from(name), EntryKind::Directory)),
             );
             Ok(names)
         })

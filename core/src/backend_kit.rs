@@ -5,8 +5,10 @@
 //! Users who only save and load never need this module.
 
 pub use crate::copy::{copy_by_position, copy_to_sink};
-pub use crate::fs::{FileHandle, FileSystem};
-pub use crate::keys::{MAX_KEY_LEN, is_under, unique_token, validate_key, validate_prefix};
+pub use crate::fs::{EntryKind, FileHandle, FileSystem};
+pub use crate::keys::{
+    MAX_KEY_LEN, is_under, is_unique_token, unique_token, validate_key, validate_prefix,
+};
 pub use crate::lazy::lazy_bytes;
 pub use crate::options::check_deadline;
 pub use crate::ranges::{check_jobs, check_range, check_ranges, check_written};

@@ -51,6 +51,22 @@ pub trait FileHandle: Send + Sync + fmt::Debug {
     fn sync_all(&self) -> io::Result<()>;
 }
 
+/// What a directory entry is, as [`FileSystem::list_dir`] finds it: read from the entry itself,
+/// so a symlink is never taken for what it points to, except to tell a link to a file (which a
+/// read follows) from every other link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A symlink to a regular file: opened, it reads that file.
+    LinkToFile,
+    /// A directory (never a symlink to one).
+    Directory,
+    /// Anything else: a symlink to a directory, a dangling or looping symlink, a socket, a
+    /// device. A walk neither descends into it nor lists it.
+    Other,
+}
+
 /// Directory and file operations, named after their `std::fs` counterparts.
 ///
 /// # Contract
@@ -59,6 +75,11 @@ pub trait FileHandle: Send + Sync + fmt::Debug {
 /// `hard_link` and `rename_no_replace` fail with `AlreadyExists` when `to` exists, checked and
 /// taken in one step, so that of two callers racing for one name exactly one wins.
 /// `create_new` fails with `AlreadyExists` when `path` exists.
+/// [`remove_file_below`](Self::remove_file_below) and
+/// [`remove_dir_below`](Self::remove_dir_below) never remove anything through a symlink: each
+/// directory between `root` and the removed name is opened without following links, from the
+/// handle of the one above it, so a path with a symlink on it fails, even one swapped in after
+/// a listing; the removed name itself, a symlink included, is removed as a name.
 pub trait FileSystem: Send + Sync + fmt::Debug {
     /// Creates `path` for writing; fails if it exists.
     ///
@@ -102,17 +123,32 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     /// `NotFound`; the operating system's error.
     fn remove_file(&self, path: &Path) -> io::Result<()>;
 
+    /// Removes the file (or symlink) `relative` below the directory `root`, never through a
+    /// symlink (see the trait's contract). `relative` is a path of plain names.
+    ///
+    /// # Errors
+    /// `NotFound`; `InvalidInput` for a `relative` with `..`, `.` or a root; an error naming
+    /// the symlink when a directory on the way is one; the operating system's error.
+    fn remove_file_below(&self, root: &Path, relative: &Path) -> io::Result<()>;
+
+    /// Removes the directory `relative` below `root` if it is empty, never through a symlink,
+    /// as [`remove_file_below`](Self::remove_file_below).
+    ///
+    /// # Errors
+    /// As `remove_file_below`; an error (of any kind) when it is not empty or is no directory.
+    fn remove_dir_below(&self, root: &Path, relative: &Path) -> io::Result<()>;
+
     /// Makes the entries of directory `dir` durable (fsync of the directory).
     ///
     /// # Errors
     /// The operating system's error.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
 
-    /// The names in directory `dir`.
+    /// The names in directory `dir`, each with what it is.
     ///
     /// # Errors
     /// The operating system's error.
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<OsString>>;
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(OsString, EntryKind)>>;
 
     /// Creates `dir` and its parents.
     ///

@@ -72,10 +72,43 @@ pub fn unique_token() -> String {
     format!("{pid}-{n}-{random:016x}")
 }
 
+/// Whether `text` has the shape [`unique_token`] gives (`4242-7-9f0c…`): how a backend checks
+/// that a name it finds in storage is one of its own before it acts on it.
+pub fn is_unique_token(text: &str) -> bool {
+    let mut parts = text.split('-');
+    let digits = |part: Option<&str>| {
+        part.is_some_and(|p| {
+            !p.is_empty() && p.len() <= 20 && p.bytes().all(|b| b.is_ascii_digit())
+        })
+    };
+    let hex = |part: Option<&str>| {
+        part.is_some_and(|p| {
+            p.len() == 16 && p.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+    };
+    digits(parts.next()) && digits(parts.next()) && hex(parts.next()) && parts.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ErrorKind;
+
+    #[test]
+    fn tokens_are_recognized_and_other_names_are_not() {
+        assert!(is_unique_token(&unique_token()));
+        for other in [
+            "",
+            "1-2",
+            "1-2-3",
+            "a-2-0123456789abcdef",
+            "1-2-0123456789ABCDEF",
+            "1-2-0123456789abcdef-x",
+            "../../x",
+        ] {
+            assert!(!is_unique_token(other), "{other}");
+        }
+    }
 
     #[test]
     fn keys_are_relative_paths() {

@@ -241,6 +241,48 @@ impl ShardedWeights {
             .collect()
     }
 
+    /// Checks the index against its shards both ways: every tensor it maps is in the shard it
+    /// names, and every tensor of every shard it names is mapped to that shard. The index is
+    /// input like any other: one that lists tensors no shard holds, or leaves out tensors its
+    /// shards hold, describes another model than the one stored.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`] naming the tensor and the shard's key, or for an index that maps
+    /// no tensor; as a shard's [`Reader::open`].
+    pub fn check_map(&self) -> Result<()> {
+        if self.weight_map.is_empty() {
+            return Err(Error::corrupt("the index's weight_map names no tensor"));
+        }
+        let mut files: Vec<&String> = self.weight_map.values().collect();
+        files.sort_unstable();
+        files.dedup();
+        for file in files {
+            let key = format!("{}{file}", self.directory);
+            let shard = self.shard(file)?;
+            for tensor in shard.tensors() {
+                if self.weight_map.get(tensor.name()) != Some(file) {
+                    return Err(Error::corrupt(format!(
+                        "`{file}` holds it, and the index does not map it there"
+                    ))
+                    .with_tensor(tensor.name())
+                    .with_key(&key));
+                }
+            }
+        }
+        let mut mapped: Vec<(&String, &String)> = self.weight_map.iter().collect();
+        mapped.sort_unstable();
+        for (name, file) in mapped {
+            if self.shard(file)?.tensor(name).is_err() {
+                return Err(Error::corrupt(format!(
+                    "the index puts it in `{file}`, which does not hold it"
+                ))
+                .with_tensor(name)
+                .with_key(format!("{}{file}", self.directory)));
+            }
+        }
+        Ok(())
+    }
+
     fn shard(&self, file: &str) -> Result<Arc<Reader>> {
         let mut open = self
             .open

@@ -360,6 +360,11 @@ pub struct PendingWrite {
     /// Whether its writer is known to be gone (its process ended, or it stopped renewing its
     /// record for longer than the backend allows), so [`Storage::clean_pending`] removes it.
     pub abandoned: bool,
+    /// Why the backend refuses to act on what it found: a record naming paths that the
+    /// backend's own naming rule does not derive from where the record lies (forged, or
+    /// written by another tool), or a staged object outside the backend's staging layout.
+    /// Nothing a refused record names is touched, and it is never abandoned.
+    pub refused: Option<String>,
 }
 
 impl PendingWrite {
@@ -369,6 +374,21 @@ impl PendingWrite {
             key: key.into(),
             held_by: held_by.into(),
             abandoned,
+            refused: None,
+        }
+    }
+
+    /// A record or object at `held_by` that the backend will not act on, and why.
+    pub fn refused(
+        key: impl Into<String>,
+        held_by: impl Into<String>,
+        why: impl Into<String>,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            held_by: held_by.into(),
+            abandoned: false,
+            refused: Some(why.into()),
         }
     }
 }
@@ -378,6 +398,9 @@ impl fmt::Display for PendingWrite {
         write!(f, "{} ({})", self.key, self.held_by)?;
         if self.abandoned {
             f.write_str(", its writer is gone")?;
+        }
+        if let Some(why) = &self.refused {
+            write!(f, ", REFUSED and left untouched: {why}")?;
         }
         Ok(())
     }

@@ -35,8 +35,8 @@ use std::time::Instant;
 
 pub use std_fs::StdFileSystem;
 use weightbay::backend_kit::{
-    FileHandle, FileSystem, check_deadline, check_range, check_ranges, check_written, lazy_bytes,
-    read_at_parallel, validate_key, validate_prefix,
+    EntryKind, FileHandle, FileSystem, check_deadline, check_range, check_ranges, check_written,
+    lazy_bytes, read_at_parallel, validate_key, validate_prefix,
 };
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Durability, Error, ErrorKind, Listed,
@@ -131,7 +131,10 @@ impl LocalStorage {
     }
 
     /// Every file under the directory `prefix` (relative to the root; empty for the root),
-    /// with its path relative to the root and its own name. A missing directory has none.
+    /// with its path relative to the root and its own name; symlinks to files among them,
+    /// since a read follows them (a Hugging Face cache links its snapshot files to blobs). A
+    /// missing directory has none. The walk never descends into a symlink: a link to a
+    /// directory, a loop or a deep tree of links costs one entry each and fails nothing.
     fn files_under(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         let mut found = Vec::new();
         let mut dirs = vec![prefix.to_owned()];
@@ -149,21 +152,11 @@ impl LocalStorage {
                 {
                     return Ok(found);
                 }
-                // A file: what the loop below pushed was no directory.
-                Err(e)
-                    if relative != prefix
-                        && matches!(
-                            e.kind(),
-                            io::ErrorKind::NotADirectory | io::ErrorKind::NotFound
-                        ) =>
-                {
-                    let name = relative.rsplit('/').next().unwrap_or(&relative).to_owned();
-                    found.push((relative, name));
-                    continue;
-                }
+                // Removed since its parent was listed.
+                Err(e) if relative != prefix && e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
             };
-            for name in names {
+            for (name, kind) in names {
                 // Keys are UTF-8: another name is no container of this storage.
                 let Some(name) = name.to_str() else {
                     continue;
@@ -173,10 +166,12 @@ impl LocalStorage {
                 } else {
                     format!("{relative}/{name}")
                 };
-                if scratch_pid(name).is_some() {
-                    found.push((child, name.to_owned()));
-                } else {
-                    dirs.push(child);
+                match kind {
+                    EntryKind::File | EntryKind::LinkToFile => {
+                        found.push((child, name.to_owned()));
+                    }
+                    EntryKind::Directory => dirs.push(child),
+                    EntryKind::Other => {}
                 }
             }
         }
@@ -330,26 +325,28 @@ impl Storage for LocalStorage {
 
     /// Removes the file, then each directory above it that this leaves empty, up to the root,
     /// each removal made durable in its parent: retention and gc would otherwise leave a run's
-    /// whole history as empty directories that every listing walks.
+    /// whole history as empty directories that every listing walks. Nothing is removed
+    /// through a symlink below the root: a key whose path has one fails, naming it.
     fn delete(&self, key: &str) -> Result<()> {
         let path = self.path(key)?;
         self.fs
-            .remove_file(&path)
+            .remove_file_below(&self.root, Path::new(key))
             .map_err(|e| io_error("removing", &path, e).with_key(key))?;
-        let mut dir = path.parent().unwrap_or(&self.root);
+        let mut dir = Path::new(key).parent();
         loop {
+            let absolute = dir.map_or_else(|| self.root.clone(), |d| self.root.join(d));
             self.fs
-                .sync_dir(dir)
-                .map_err(|e| io_error("syncing directory", dir, e))?;
-            let Some(parent) = dir.parent().filter(|_| dir != self.root) else {
+                .sync_dir(&absolute)
+                .map_err(|e| io_error("syncing directory", &absolute, e))?;
+            let Some(relative) = dir.filter(|d| !d.as_os_str().is_empty()) else {
                 return Ok(());
             };
             // Fails, and so stops the walk, while the directory holds anything: another key,
             // or the scratch file of a save under way (which `create` retries for).
-            if self.fs.remove_dir(dir).is_err() {
+            if self.fs.remove_dir_below(&self.root, relative).is_err() {
                 return Ok(());
             }
-            dir = parent;
+            dir = relative.parent();
         }
     }
 
@@ -369,8 +366,8 @@ impl Storage for LocalStorage {
             if !pending.abandoned {
                 continue;
             }
-            let path = self.root.join(relative);
-            match self.fs.remove_file(&path) {
+            let path = self.root.join(&relative);
+            match self.fs.remove_file_below(&self.root, Path::new(&relative)) {
                 Ok(()) => removed.push(pending),
                 // Its writer was not dead after all, or another cleanup was first.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}

@@ -7,7 +7,7 @@ use std::path::Path;
 #[cfg(target_os = "linux")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use weightbay::backend_kit::{FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
 
 /// `std::fs`, unchanged.
 #[derive(Debug, Clone, Copy, Default)]
@@ -279,6 +279,17 @@ impl FileSystem for StdFileSystem {
         result
     }
 
+    fn remove_file_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        let removed = Held::open(&root.join(relative));
+        let result = below::remove(root, relative, false);
+        removed.release();
+        result
+    }
+
+    fn remove_dir_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        below::remove(root, relative, true)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         // Windows cannot open a directory as a file; NTFS journals renames itself.
         if cfg!(unix) {
@@ -288,10 +299,23 @@ impl FileSystem for StdFileSystem {
         }
     }
 
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<OsString>> {
-        fs::read_dir(dir)?
-            .map(|entry| entry.map(|e| e.file_name()))
-            .collect()
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(OsString, EntryKind)>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            let entry = entry?;
+            // The entry's own type: a symlink is not followed, but to tell a link to a file.
+            let kind = match entry.file_type()? {
+                kind if kind.is_file() => EntryKind::File,
+                kind if kind.is_dir() => EntryKind::Directory,
+                kind if kind.is_symlink() => match fs::metadata(entry.path()) {
+                    Ok(target) if target.is_file() => EntryKind::LinkToFile,
+                    _ => EntryKind::Other,
+                },
+                _ => EntryKind::Other,
+            };
+            names.push((entry.file_name(), kind));
+        }
+        Ok(names)
     }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
@@ -308,6 +332,117 @@ impl FileSystem for StdFileSystem {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+}
+
+/// Removal below a root that never goes through a symlink.
+mod below {
+    use std::io;
+    use std::path::{Component, Path};
+
+    /// The plain names of `relative`, refusing `..`, `.` and roots.
+    fn names(relative: &Path) -> io::Result<Vec<&std::ffi::OsStr>> {
+        relative
+            .components()
+            .map(|component| match component {
+                Component::Normal(name) => Ok(name),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{} is not a path of plain names below the root",
+                        relative.display()
+                    ),
+                )),
+            })
+            .collect()
+    }
+
+    /// Removes `relative` below `root` (a directory if `directory`): each directory on the
+    /// way opened from its parent's handle with `O_NOFOLLOW`, then the last name unlinked
+    /// from its directory's handle, so no symlink is followed below `root`, however the
+    /// tree changes meanwhile.
+    #[cfg(target_os = "linux")]
+    pub(super) fn remove(root: &Path, relative: &Path, directory: bool) -> io::Result<()> {
+        use std::ffi::CString;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        use std::os::unix::ffi::OsStrExt;
+
+        let names = names(relative)?;
+        let Some((last, dirs)) = names.split_last() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nothing to remove below the root",
+            ));
+        };
+        let c_name = |name: &std::ffi::OsStr| {
+            CString::new(name.as_bytes())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+        };
+        let open = |at: libc::c_int, name: &CString, follow: bool| -> io::Result<OwnedFd> {
+            let no_follow = if follow { 0 } else { libc::O_NOFOLLOW };
+            // SAFETY: `name` is NUL-terminated and outlives the call; `at` is a directory
+            // descriptor held open by the caller, or AT_FDCWD.
+            let fd = unsafe {
+                libc::openat(
+                    at,
+                    name.as_ptr(),
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC | no_follow,
+                )
+            };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // SAFETY: a descriptor just returned by openat, owned by nothing else.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        };
+        // The root itself may be a symlink: the caller named it.
+        let mut dir = open(libc::AT_FDCWD, &c_name(root.as_os_str())?, true)?;
+        for (depth, name) in dirs.iter().enumerate() {
+            dir = open(dir.as_raw_fd(), &c_name(name)?, false).map_err(|e| {
+                if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR)
+                {
+                    let on_the_way: std::path::PathBuf = dirs[..=depth].iter().collect();
+                    io::Error::other(format!(
+                        "{} is a symlink or no directory: nothing is removed through one ({e})",
+                        root.join(on_the_way).display()
+                    ))
+                } else {
+                    e
+                }
+            })?;
+        }
+        let flags = if directory { libc::AT_REMOVEDIR } else { 0 };
+        let name = c_name(last)?;
+        // SAFETY: `dir` is an open directory descriptor and `name` is NUL-terminated.
+        if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Where there is no `openat`: each directory on the way is checked not to be a symlink,
+    /// then the path removed. A link swapped in between the two is followed: only Linux
+    /// removes race-free.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn remove(root: &Path, relative: &Path, directory: bool) -> io::Result<()> {
+        let names = names(relative)?;
+        let mut path = root.to_path_buf();
+        for name in names.iter().take(names.len().saturating_sub(1)) {
+            path.push(name);
+            if std::fs::symlink_metadata(&path)?.file_type().is_symlink() {
+                return Err(io::Error::other(format!(
+                    "{} is a symlink: nothing is removed through one",
+                    path.display()
+                )));
+            }
+        }
+        let path = root.join(relative);
+        if directory {
+            std::fs::remove_dir(path)
+        } else {
+            std::fs::remove_file(path)
         }
     }
 }

@@ -6,7 +6,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use weightbay::backend_kit::{FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
 use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
 use weightbay_conformance::{Case, FaultPlan, FaultyFileSystem, Harness, Outcome, failure_of};
 use weightbay_local::{LocalStorage, StdFileSystem};
@@ -163,7 +163,13 @@ impl FileSystem for DefectiveFs {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.answer(self.inner.sync_dir(dir))
     }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<std::ffi::OsString>> {
+    fn remove_file_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.answer(self.inner.remove_file_below(root, relative))
+    }
+    fn remove_dir_below(&self, root: &Path, relative: &Path) -> io::Result<()> {
+        self.answer(self.inner.remove_dir_below(root, relative))
+    }
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<(std::ffi::OsString, EntryKind)>> {
         self.answer(self.inner.list_dir(dir))
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {

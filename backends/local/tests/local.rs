@@ -404,7 +404,24 @@ impl weightbay::backend_kit::FileSystem for DeleteFirst {
     fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
         weightbay_local::StdFileSystem.sync_dir(dir)
     }
-    fn list_dir(&self, dir: &std::path::Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+    fn remove_file_below(
+        &self,
+        root: &std::path::Path,
+        relative: &std::path::Path,
+    ) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.remove_file_below(root, relative)
+    }
+    fn remove_dir_below(
+        &self,
+        root: &std::path::Path,
+        relative: &std::path::Path,
+    ) -> std::io::Result<()> {
+        weightbay_local::StdFileSystem.remove_dir_below(root, relative)
+    }
+    fn list_dir(
+        &self,
+        dir: &std::path::Path,
+    ) -> std::io::Result<Vec<(std::ffi::OsString, weightbay::backend_kit::EntryKind)>> {
         weightbay_local::StdFileSystem.list_dir(dir)
     }
     fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {

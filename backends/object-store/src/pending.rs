@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt};
-use weightbay::backend_kit::{is_under, validate_prefix};
+use weightbay::backend_kit::{is_under, is_unique_token, validate_prefix};
 use weightbay::{PendingWrite, Result};
 
 use crate::error::convert;
@@ -55,9 +55,10 @@ impl Claims {
 pub(crate) enum Unfinished {
     /// A multipart upload's journal record.
     Journaled { journal: Path, record: UploadRecord },
-    /// A journal record this code cannot read (another version, or damaged): reported, never
-    /// removed.
-    Unreadable,
+    /// A journal record this code cannot read (another version, or damaged), or one whose
+    /// claims this backend's naming rule does not derive (forged, or another tool's):
+    /// reported, and nothing it names is touched.
+    Untouchable,
     /// A staged create-new upload that no journal names: written through a store without
     /// upload ids, or left when its journal went first.
     Staged { path: Path },
@@ -93,24 +94,34 @@ impl ObjectStorage {
                 _ => None,
             })
             .collect();
+        let staging = format!("{}/", self.staging_prefix());
         for meta in &objects {
             let path = meta.location.as_ref();
             let staged = path.split('/').any(|segment| segment == STAGING_DIR)
                 && !path.ends_with(JOURNAL_SUFFIX)
                 && !named.contains(path);
-            if staged {
-                let pending = PendingWrite::new(
-                    staged_key(self, &meta.location),
-                    format!("staged object {path}"),
-                    age(meta) >= self.options.stale_after,
-                );
-                found.push((
-                    Unfinished::Staged {
-                        path: meta.location.clone(),
-                    },
-                    pending,
-                ));
+            if !staged {
+                continue;
             }
+            // Only `<root>/.weightbay-staging/<token>/<key>` is a staged upload of this
+            // storage's; anything else with the segment was put there by hand.
+            let ours = path
+                .strip_prefix(&staging)
+                .and_then(|rest| rest.split_once('/'))
+                .is_some_and(|(token, key)| is_unique_token(token) && !key.is_empty());
+            let held_by = format!("staged object {path}");
+            let key = staged_key(self, &meta.location);
+            if !ours {
+                let why = format!("it is not under {staging}<token>/, where staged uploads go");
+                found.push((
+                    Unfinished::Untouchable,
+                    PendingWrite::refused(key, held_by, why),
+                ));
+                continue;
+            }
+            let pending = PendingWrite::new(key, held_by, age(meta) >= self.options.stale_after);
+            let path = meta.location.clone();
+            found.push((Unfinished::Staged { path }, pending));
         }
         found.sort_by(|a, b| a.1.cmp(&b.1));
         Ok(found)
@@ -133,11 +144,20 @@ impl ObjectStorage {
                         format!("journal {journal}, which this version cannot read"),
                         false,
                     );
-                    found.push((Unfinished::Unreadable, pending));
+                    found.push((Unfinished::Untouchable, pending));
                     continue;
                 }
                 Read::Record(record) => record,
             };
+            if let Err(why) = self.check_claim(&journal, &record) {
+                let pending = PendingWrite::refused(
+                    self.relative(&journal),
+                    format!("journal {journal}"),
+                    why,
+                );
+                found.push((Unfinished::Untouchable, pending));
+                continue;
+            }
             let abandoned = match record.writer.running() {
                 Some(running) => !running,
                 // Another machine's writer renews its journal while it uploads.
@@ -168,6 +188,64 @@ impl ObjectStorage {
         Ok(found)
     }
 
+    /// Whether `record`, found at `journal`, claims only what a journal of this backend
+    /// would: its target is the key the journal lies beside (`<target>.<token>` and the
+    /// journal suffix), and its parts go to that target or, staged, to
+    /// `<root>/.weightbay-staging/<token>/<key>`. A journal is listed under the prefix being
+    /// cleaned, so its sibling target is too, and a staged path mirrors the target's key. Why
+    /// not, when it does not.
+    fn check_claim(
+        &self,
+        journal: &Path,
+        record: &UploadRecord,
+    ) -> std::result::Result<(), String> {
+        let beside = journal
+            .as_ref()
+            .strip_suffix(JOURNAL_SUFFIX)
+            .and_then(|stem| stem.rsplit_once('.'))
+            .filter(|(_, token)| is_unique_token(token))
+            .map(|(target, _)| target);
+        let Some(beside) = beside else {
+            return Err("its name is not `<key>.<token>` and the journal suffix".to_owned());
+        };
+        if record.target != beside {
+            return Err(format!(
+                "it names `{}` as its target, not `{beside}`, the key it lies beside",
+                record.target
+            ));
+        }
+        let target = stored_path(&record.target);
+        let Some(key) = target.prefix_match(&self.prefix) else {
+            return Err(format!(
+                "its target `{target}` is outside this storage's root"
+            ));
+        };
+        let upload = stored_path(&record.upload_path);
+        let derived = if record.staged {
+            let staging = self.staging_prefix();
+            let staged_under = upload
+                .prefix_match(&staging)
+                .and_then(|mut parts| parts.next())
+                .filter(|token| is_unique_token(token.as_ref()));
+            staged_under.is_some_and(|token| {
+                key.fold(staging.join(token), |path, part| path.join(part)) == upload
+            })
+        } else {
+            upload == target
+        };
+        if !derived {
+            return Err(format!(
+                "its upload path `{upload}` is not {} of its target `{target}`",
+                if record.staged {
+                    "the staged path"
+                } else {
+                    "the path"
+                }
+            ));
+        }
+        Ok(())
+    }
+
     /// Removes every unfinished write under `prefix` whose writer is gone, and returns them.
     pub(crate) fn remove_abandoned(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
         let found = self.unfinished(prefix)?;
@@ -195,7 +273,7 @@ impl ObjectStorage {
         claims: &Claims,
     ) -> Result<Option<PendingWrite>> {
         let (journal, record) = match unfinished {
-            Unfinished::Unreadable => return Ok(None),
+            Unfinished::Untouchable => return Ok(None),
             Unfinished::Staged { path } => {
                 self.delete_object(&path, "removing a staged upload")?;
                 return Ok(Some(pending));
