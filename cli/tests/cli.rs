@@ -255,12 +255,10 @@ fn ctrl_c_during_cp_leaves_the_destination_as_it_was() {
     panic!("every copy finished despite Ctrl-C: ignored, or it came after the last write");
 }
 
-/// A sharded safetensors set, as Hugging Face tools write one: its index works wherever a
-/// container does, and an unrecognised JSON file says what was tried.
-#[test]
-fn index_files_work_wherever_a_container_does() {
-    let dir = tempfile::tempdir().unwrap();
-    let storage = weightbay_local::LocalStorage::new(dir.path());
+/// Four tensors written under `dir/hf/` as a sharded safetensors set, two to a shard; the
+/// path of its index.
+fn sharded_set(dir: &Path) -> std::path::PathBuf {
+    let storage = weightbay_local::LocalStorage::new(dir);
     let tensors = (0..4)
         .map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![i as u8; 1000]))
         .collect();
@@ -269,7 +267,15 @@ fn index_files_work_wherever_a_container_does() {
             .with_shard_len(2000)
             .write_to(&storage, "hf")
             .unwrap();
-    let index = dir.path().join(&summary.index);
+    dir.join(&summary.index)
+}
+
+/// A sharded safetensors set, as Hugging Face tools write one: its index works wherever a
+/// container does, and an unrecognised JSON file says what was tried.
+#[test]
+fn index_files_work_wherever_a_container_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = sharded_set(dir.path());
     let index = index.to_str().unwrap();
 
     let output = weightbay(&["inspect", index]);
@@ -771,9 +777,18 @@ fn stored_names_cannot_forge_terminal_output() {
     let output = weightbay(&["inspect", path.to_str().unwrap()]);
     let (stdout, _) = text(&output);
     assert!(output.status.success());
-    assert!(!stdout.contains('\x1b') && !stdout.contains('\r'), "{stdout:?}");
-    assert!(stdout.contains("w\\r\\x1b[2Kok: every checksum matches\\n"), "{stdout}");
-    assert!(stdout.contains("note\\x1b]0;title\\x07 = a\\nb"), "{stdout}");
+    assert!(
+        !stdout.contains('\x1b') && !stdout.contains('\r'),
+        "{stdout:?}"
+    );
+    assert!(
+        stdout.contains("w\\r\\x1b[2Kok: every checksum matches\\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("note\\x1b]0;title\\x07 = a\\nb"),
+        "{stdout}"
+    );
     // JSON stays exact.
     let json = weightbay(&["inspect", "--json", path.to_str().unwrap()]);
     let value: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
@@ -783,21 +798,12 @@ fn stored_names_cannot_forge_terminal_output() {
 #[test]
 fn an_index_that_disagrees_with_its_shards_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let storage = weightbay_local::LocalStorage::new(dir.path());
-    let tensors = (0..4)
-        .map(|i| Tensor::new(format!("w{i}"), DType::U8, [1000], vec![i as u8; 1000]))
-        .collect();
-    let summary =
-        weightbay::ShardedWriter::new(Writer::new(tensors).with_format(Format::Safetensors))
-            .with_shard_len(2000)
-            .write_to(&storage, "hf")
-            .unwrap();
-    let index = dir.path().join(&summary.index);
+    let index = sharded_set(dir.path());
     let original: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
     let shard = original["weight_map"]["w0"].as_str().unwrap().to_owned();
     let mut names_a_missing_tensor = original.clone();
-    names_a_missing_tensor["weight_map"]["ghost"] = shard.clone().into();
+    names_a_missing_tensor["weight_map"]["ghost"] = shard.into();
     let mut leaves_one_out = original.clone();
     leaves_one_out["weight_map"]
         .as_object_mut()
@@ -839,7 +845,10 @@ fn gc_dry_run_prints_what_gc_then_does() {
     let done = weightbay(&["gc", run, "--keep-last", "1"]);
     let (planned, _) = text(&plan);
     let (deleted, _) = text(&done);
-    assert!(plan.status.success() && done.status.success(), "{planned}{deleted}");
+    assert!(
+        plan.status.success() && done.status.success(),
+        "{planned}{deleted}"
+    );
     assert_eq!(planned.replace("would delete", "deleted"), deleted);
     assert!(deleted.contains("deleted checkpoint step 4"), "{deleted}");
     assert!(deleted.contains("step-2/stray.bin"), "{deleted}");
@@ -848,5 +857,8 @@ fn gc_dry_run_prints_what_gc_then_does() {
         b"someone else's"
     );
     let (listed, _) = text(&weightbay(&["ls", run]));
-    assert!(listed.contains("DAMAGED"), "the damaged step stays: {listed}");
+    assert!(
+        listed.contains("DAMAGED"),
+        "the damaged step stays: {listed}"
+    );
 }
