@@ -295,3 +295,116 @@ fn a_read_back_that_loses_committed_bytes_fails_the_read_back_case() {
     );
     assert!(message.contains("after the commit"), "{message}");
 }
+
+#[test]
+fn a_delete_by_string_prefix_fails_the_scope_case() {
+    let message = failure_of(
+        &broken(Defect::DeletesByStringPrefix),
+        Case::DeletesAndListingsKeepToTheirKey,
+        Case::DeletesAndListingsKeepToTheirKey.name(),
+    );
+    assert!(
+        message.contains("after delete(\"scope/m.bpk\"), scope/m.bpk.bak is gone"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_listing_that_stops_at_a_sibling_fails_the_scope_case() {
+    let message = failure_of(
+        &broken(Defect::ListsStopAtSibling),
+        Case::DeletesAndListingsKeepToTheirKey,
+        Case::DeletesAndListingsKeepToTheirKey.name(),
+    );
+    assert!(
+        message.contains("list(\"scope/runs/7\") gave []"),
+        "{message}"
+    );
+}
+
+/// A defect in the listing or cleaning of unfinished writes, over the reference backend
+/// (which sees its open sinks as pending).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PendingDefect {
+    /// `pending` reports only writes whose writer is gone, never one in progress.
+    ListsOnlyAbandoned,
+    /// `clean_pending` removes every unfinished write, a live writer's too.
+    CleansLiveWrites,
+}
+
+#[derive(Debug, Clone)]
+struct BrokenPending {
+    inner: weightbay::MemoryStorage,
+    defect: PendingDefect,
+}
+
+#[deny(clippy::missing_trait_methods)]
+impl weightbay::Storage for BrokenPending {
+    fn capabilities(&self) -> weightbay::Capabilities {
+        self.inner.capabilities()
+    }
+    fn create(
+        &self,
+        key: &str,
+        options: &weightbay::CreateOptions,
+    ) -> weightbay::Result<Box<dyn weightbay::Sink>> {
+        self.inner.create(key, options)
+    }
+    fn open(&self, key: &str) -> weightbay::Result<std::sync::Arc<dyn weightbay::Source>> {
+        self.inner.open(key)
+    }
+    fn delete(&self, key: &str) -> weightbay::Result<()> {
+        self.inner.delete(key)
+    }
+    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        let mut pending = self.inner.pending(prefix)?;
+        if self.defect == PendingDefect::ListsOnlyAbandoned {
+            pending.retain(|p| p.abandoned);
+        }
+        Ok(pending)
+    }
+    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        match self.defect {
+            PendingDefect::CleansLiveWrites => self.inner.pending(prefix),
+            PendingDefect::ListsOnlyAbandoned => self.inner.clean_pending(prefix),
+        }
+    }
+    fn list(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::Listed>> {
+        self.inner.list(prefix)
+    }
+}
+
+impl Harness for PendingDefect {
+    type Storage = BrokenPending;
+
+    fn fresh(&self) -> BrokenPending {
+        BrokenPending {
+            inner: weightbay::MemoryStorage::new(),
+            defect: *self,
+        }
+    }
+
+    fn reopen(&self, storage: &BrokenPending) -> BrokenPending {
+        storage.clone()
+    }
+}
+
+#[test]
+fn pending_that_hides_writes_in_progress_fails_the_pending_case() {
+    let message = failure_of(
+        &PendingDefect::ListsOnlyAbandoned,
+        Case::WritesInProgressArePending,
+        Case::WritesInProgressArePending.name(),
+    );
+    assert!(message.contains("is not listed by pending"), "{message}");
+}
+
+#[test]
+fn cleaning_a_live_write_fails_the_cleaning_case() {
+    let message = failure_of(
+        &PendingDefect::CleansLiveWrites,
+        Case::CleaningSparesWritesInProgress,
+        Case::CleaningSparesWritesInProgress.name(),
+    );
+    assert!(message.contains("removed a write in progress"), "{message}");
+}

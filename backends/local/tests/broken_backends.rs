@@ -32,6 +32,9 @@ enum FsDefect {
     /// A write at an offset lands at the end of the file, as `pwrite` does on Linux to a file
     /// opened with `O_APPEND`.
     AppendsWritesAt,
+    /// A write at an offset writes its first 64 KiB and reports the whole written, as a
+    /// single `pwrite` whose short count is ignored does.
+    WritesAtShort,
 }
 
 #[derive(Debug)]
@@ -40,15 +43,19 @@ struct DefectiveFs {
     defect: FsDefect,
 }
 
+/// A file with [`FsDefect::SkipsFsync`] or [`FsDefect::WritesAtShort`].
 #[derive(Debug)]
-struct NoSyncFile(Box<dyn FileHandle>);
+struct DefectiveFile(Box<dyn FileHandle>, FsDefect);
 
-impl FileHandle for NoSyncFile {
+impl FileHandle for DefectiveFile {
     fn write_all(&mut self, data: &[u8]) -> io::Result<()> {
         self.0.write_all(data)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.write_at(offset, data)
+        match self.1 {
+            FsDefect::WritesAtShort => self.0.write_at(offset, &data[..data.len().min(64 << 10)]),
+            _ => self.0.write_at(offset, data),
+        }
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.0.read_at(offset, buf)
@@ -57,7 +64,10 @@ impl FileHandle for NoSyncFile {
         self.0.file_len()
     }
     fn sync_all(&self) -> io::Result<()> {
-        Ok(())
+        match self.1 {
+            FsDefect::SkipsFsync => Ok(()),
+            _ => self.0.sync_all(),
+        }
     }
 }
 
@@ -98,7 +108,9 @@ impl DefectiveFs {
     fn file(&self, file: io::Result<Box<dyn FileHandle>>) -> io::Result<Box<dyn FileHandle>> {
         let file = self.answer(file)?;
         Ok(match self.defect {
-            FsDefect::SkipsFsync => Box::new(NoSyncFile(file)),
+            FsDefect::SkipsFsync | FsDefect::WritesAtShort => {
+                Box::new(DefectiveFile(file, self.defect))
+            }
             FsDefect::AppendsWritesAt => Box::new(AppendOnlyFile(std::sync::Mutex::new(file))),
             _ => file,
         })
@@ -243,6 +255,19 @@ fn writes_at_an_offset_that_append_fail_the_positioned_case() {
     );
     assert!(
         message.contains("`positioned_writes_land_whole` failed: after the commit"),
+        "{message}"
+    );
+}
+
+#[test]
+fn writes_at_an_offset_that_stop_short_fail_the_positioned_case() {
+    let message = failure_of(
+        &LocalWith::new(FsDefect::WritesAtShort),
+        Case::PositionedWritesLandWhole,
+        Case::PositionedWritesLandWhole.name(),
+    );
+    assert!(
+        message.contains("large pieces") || message.contains("1.5 MiB"),
         "{message}"
     );
 }

@@ -94,7 +94,6 @@ impl ObjectStorage {
                 _ => None,
             })
             .collect();
-        let staging = format!("{}/", self.staging_prefix());
         for meta in &objects {
             let path = meta.location.as_ref();
             let staged = path.split('/').any(|segment| segment == STAGING_DIR)
@@ -103,16 +102,15 @@ impl ObjectStorage {
             if !staged {
                 continue;
             }
-            // Only `<root>/.weightbay-staging/<token>/<key>` is a staged upload of this
-            // storage's; anything else with the segment was put there by hand.
-            let ours = path
-                .strip_prefix(&staging)
-                .and_then(|rest| rest.split_once('/'))
-                .is_some_and(|(token, key)| is_unique_token(token) && !key.is_empty());
+            // Only `<dir>/.weightbay-staging/<token>/<key>` is a staged upload (of a storage
+            // rooted at `<dir>`); anything else with the segment was put there by hand.
             let held_by = format!("staged object {path}");
             let key = staged_key(self, &meta.location);
-            if !ours {
-                let why = format!("it is not under {staging}<token>/, where staged uploads go");
+            if staged_layout(&meta.location).is_none() {
+                let why = format!(
+                    "it is not laid out as `<dir>/{STAGING_DIR}/<token>/<key>`, as staged \
+                     uploads are"
+                );
                 found.push((
                     Unfinished::Untouchable,
                     PendingWrite::refused(key, held_by, why),
@@ -191,9 +189,9 @@ impl ObjectStorage {
     /// Whether `record`, found at `journal`, claims only what a journal of this backend
     /// would: its target is the key the journal lies beside (`<target>.<token>` and the
     /// journal suffix), and its parts go to that target or, staged, to
-    /// `<root>/.weightbay-staging/<token>/<key>`. A journal is listed under the prefix being
-    /// cleaned, so its sibling target is too, and a staged path mirrors the target's key. Why
-    /// not, when it does not.
+    /// `<dir>/.weightbay-staging/<token>/<rest>` where `<dir>/<rest>` is the target (the
+    /// writer's storage may be rooted at any directory above it). A journal is listed under
+    /// the prefix being cleaned, so its sibling target is too. Why not, when it does not.
     fn check_claim(
         &self,
         journal: &Path,
@@ -215,20 +213,18 @@ impl ObjectStorage {
             ));
         }
         let target = stored_path(&record.target);
-        let Some(key) = target.prefix_match(&self.prefix) else {
+        if target.prefix_match(&self.prefix).is_none() {
             return Err(format!(
                 "its target `{target}` is outside this storage's root"
             ));
-        };
+        }
         let upload = stored_path(&record.upload_path);
         let derived = if record.staged {
-            let staging = self.staging_prefix();
-            let staged_under = upload
-                .prefix_match(&staging)
-                .and_then(|mut parts| parts.next())
-                .filter(|token| is_unique_token(token.as_ref()));
-            staged_under.is_some_and(|token| {
-                key.fold(staging.join(token), |path, part| path.join(part)) == upload
+            // The writer's storage may be rooted anywhere above the target: its staging
+            // directory sits at that root, and the rest of the path is the target's.
+            staged_layout(&upload).is_some_and(|(root, rest)| {
+                let joined: Path = root.parts().chain(rest.parts()).collect();
+                joined == target
             })
         } else {
             upload == target
@@ -404,6 +400,24 @@ enum Read {
     Unreadable,
     /// Removed since it was listed: its upload ended.
     Gone,
+}
+
+/// A staged upload's path, `<root>/.weightbay-staging/<token>/<rest>`, split into the root of
+/// the storage that staged it and the rest (the target's path below that root): `None` for a
+/// path not laid out so (no token, nothing after it, or the segment twice).
+fn staged_layout(path: &Path) -> Option<(Path, Path)> {
+    let parts: Vec<_> = path.parts().collect();
+    let at = parts.iter().position(|part| part.as_ref() == STAGING_DIR)?;
+    let token = parts.get(at + 1)?;
+    let rest = &parts[at + 2..];
+    let again = rest.iter().any(|part| part.as_ref() == STAGING_DIR);
+    if !is_unique_token(token.as_ref()) || rest.is_empty() || again {
+        return None;
+    }
+    Some((
+        parts[..at].iter().cloned().collect(),
+        rest.iter().cloned().collect(),
+    ))
 }
 
 /// How long ago `meta`'s object was last written.

@@ -120,16 +120,38 @@ fn planted_journals_touch_nothing_outside_their_own_key() {
         journal("root/runs/a/step-3/model.bpk", &staged, true),
     );
 
+    // And one staged by a storage rooted deeper (`root/runs`): its staging directory is there.
+    let deeper = format!(
+        "root/runs/.weightbay-staging/{}/a/step-4/model.bpk",
+        unique_token()
+    );
+    put(&store, &deeper, vec![0; 16]);
+    let deeper_journal = format!(
+        "root/runs/a/step-4/model.bpk.{}.weightbay-upload",
+        unique_token()
+    );
+    put(
+        &store,
+        &deeper_journal,
+        journal("root/runs/a/step-4/model.bpk", &deeper, true),
+    );
+
     let pending = storage.pending("runs/a").unwrap();
     let refused: Vec<_> = pending.iter().filter(|p| p.refused.is_some()).collect();
     assert_eq!(refused.len(), 6, "{pending:#?}");
     assert!(refused.iter().all(|p| !p.abandoned));
-    assert_eq!(pending.len(), 7, "{pending:#?}");
+    assert_eq!(pending.len(), 8, "{pending:#?}");
 
     let removed = storage.clean_pending("runs/a").unwrap();
-    assert_eq!(removed.len(), 1, "{removed:#?}");
-    assert_eq!(removed[0].key, "runs/a/step-3/model.bpk");
-    assert!(!exists(&store, &staged) && !exists(&store, &genuine));
+    let keys: Vec<&str> = removed.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        ["runs/a/step-3/model.bpk", "runs/a/step-4/model.bpk"],
+        "{removed:#?}"
+    );
+    for gone in [&staged, &genuine, &deeper, &deeper_journal] {
+        assert!(!exists(&store, gone), "{gone} was left");
+    }
     for victim in victims {
         assert!(
             exists(&store, victim),

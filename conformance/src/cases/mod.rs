@@ -11,6 +11,7 @@ pub mod positioned;
 pub mod ranks;
 pub mod read_back;
 pub mod reads;
+pub mod scope;
 pub mod tiered;
 pub mod writes;
 
