@@ -154,6 +154,7 @@ pub(crate) const CASES: &[Case] = &[
         cases::faults::fault_cases,
     ),
     (&["tiered save", "tiered loop"], cases::tiered::tiered_cases),
+    (&["gc among planted objects"], cases::gc::gc_cases),
 ];
 
 fn run(args: &Args) -> Result<()> {

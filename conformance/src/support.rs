@@ -317,6 +317,15 @@ pub(crate) fn several_parts<H: Harness>(harness: &H, fill: u8) -> ContainerSpec 
     sample(&[half, 5, half], fill)
 }
 
+/// A container of eleven parts and more of the backend's (4.5 × `several_parts_len`, which
+/// is two and a half parts): an upload whose part numbers pass 9, so one that orders parts
+/// as strings ("10" before "2") or drops the tenth is caught on every harness, real servers
+/// included.
+pub(crate) fn many_parts<H: Harness>(harness: &H, fill: u8) -> ContainerSpec {
+    let each = harness.several_parts_len() * 9 / 10 + 1;
+    sample(&[each; 5], fill)
+}
+
 /// `spec` written to [`KEY`] of `storage`, and opened again.
 pub(crate) fn written_and_opened(
     storage: &dyn Storage,

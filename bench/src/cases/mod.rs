@@ -5,6 +5,7 @@ pub(crate) mod candle;
 pub(crate) mod cold_start;
 pub(crate) mod encode;
 pub(crate) mod faults;
+pub(crate) mod gc;
 pub(crate) mod incremental;
 pub(crate) mod lifecycle;
 pub(crate) mod load;

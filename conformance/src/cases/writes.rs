@@ -17,8 +17,8 @@ use crate::lockstep::Lockstep;
 use crate::model::{KEYS, Model, Op};
 use crate::strategies::{self, ContainerSpec, sample};
 use crate::support::{
-    KEY, NO_FILE_SYSTEM, Outcome, assert_holds_one_of, assert_nothing_pending, fail, run_property,
-    several_parts, stored,
+    KEY, NO_FILE_SYSTEM, Outcome, assert_holds_one_of, assert_nothing_pending, fail, many_parts,
+    run_property, several_parts, stored,
 };
 use crate::{Faulty, Harness, SimulatedDisk, is_injected};
 
@@ -28,13 +28,14 @@ use crate::{Faulty, Harness, SimulatedDisk, is_injected};
 pub fn roundtrip_matches_writer<H: Harness>(harness: &H, case: &str) -> Outcome {
     let storage = harness.fresh();
     // Tensors of 64 KiB and more reach the sink as separate writes; the second container
-    // spans several of the backend's parts.
+    // spans several of the backend's parts, the third more than ten.
     for (what, large) in [
         (
             "several sink writes",
             sample(&[100_000, 70_000, 5, 90_000, 300_000], 4),
         ),
         ("several parts", several_parts(harness, 5)),
+        ("eleven parts and more", many_parts(harness, 6)),
     ] {
         large
             .writer()
