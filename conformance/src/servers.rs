@@ -159,6 +159,28 @@ pub fn s3_open_uploads(prefix: &str) -> Option<Vec<String>> {
     )
 }
 
+/// Puts `body` at `key` of the local S3 server's bucket as it is, `.`, `..` and empty segments
+/// included, which no `object_store` client can write: how a test plants an object that a
+/// hostile writer could (the server does not check signatures). `None` after saying on
+/// standard error that the test skips, when the server is not running.
+///
+/// # Panics
+/// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`, or it refuses the object.
+pub fn s3_put_verbatim(key: &str, body: &str) -> Option<()> {
+    let url = s3_url()?;
+    let bucket = url
+        .trim_start_matches("s3://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
+    // Dots percent-encoded, so neither this request nor the server folds `..` away.
+    let path = format!("/{bucket}/{}", key.replace('.', "%2E"));
+    http_request(&endpoint, "PUT", &path, body)
+        .unwrap_or_else(|e| panic!("the S3 server at {endpoint} refused {path}: {e}"));
+    Some(())
+}
+
 /// One HTTP/1.1 request to a server on this machine (`http://127.0.0.1:PORT`); the body of a
 /// 200 answer, or an error holding the answer.
 fn http_request(base: &str, method: &str, path: &str, body: &str) -> std::io::Result<String> {

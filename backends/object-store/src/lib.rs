@@ -42,11 +42,11 @@ mod location;
 mod options;
 mod pending;
 mod runtime;
+mod s3_lister;
 mod sink;
 mod source;
 mod storage;
 mod throttle;
-mod uploads;
 mod url;
 
 pub use location::Location;

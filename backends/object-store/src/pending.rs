@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use weightbay::backend_kit::{is_under, is_unique_token, validate_prefix};
@@ -295,7 +294,7 @@ impl ObjectStorage {
             .iter()
             .map(|id| (upload_path.clone(), id.clone()))
             .collect();
-        if let Some(lister) = &self.uploads {
+        if let Some(lister) = &self.s3_lister {
             for (path, unique) in unnamed {
                 let (lister, at) = (Arc::clone(lister), stored_path(path));
                 let Ok(listed) = self.bridge.run(async move { lister.open_at(&at).await })? else {
@@ -359,13 +358,7 @@ impl ObjectStorage {
 
     /// Every object under `path`, staged uploads and journals included.
     fn list_objects(&self, path: &Path) -> Result<Vec<ObjectMeta>> {
-        let store = Arc::clone(&self.store);
-        let under = path.clone();
-        let listed = self.bridge.run(async move {
-            let under = (!under.as_ref().is_empty()).then_some(under);
-            store.list(under.as_ref()).try_collect::<Vec<_>>().await
-        })?;
-        listed.map_err(|e| convert("listing unfinished writes", e))
+        self.objects_under(path, "listing unfinished writes")
     }
 
     /// The journal record at `path`.

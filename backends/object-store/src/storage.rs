@@ -5,7 +5,7 @@ use std::sync::Arc;
 use futures::TryStreamExt;
 use object_store::multipart::MultipartStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use weightbay::backend_kit::{validate_key, validate_prefix};
 use weightbay::{
     Capabilities, CreateOptions, Error, Listed, PendingWrite, Result, Sink, Source, Storage,
@@ -15,10 +15,10 @@ use crate::error::convert;
 use crate::journal::JOURNAL_SUFFIX;
 use crate::options::{MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR};
 use crate::runtime::Bridge;
+use crate::s3_lister::S3Lister;
 use crate::sink::{ObjectSink, SinkContext};
 use crate::source::ObjectSource;
 use crate::throttle::Throttle;
-use crate::uploads::UploadLister;
 
 /// Containers as objects under a prefix of any `object_store` store.
 ///
@@ -38,8 +38,9 @@ pub struct ObjectStorage {
     pub(crate) store: Arc<dyn ObjectStore>,
     /// The same store's multipart API, when it has one: uploads are then journaled.
     pub(crate) multipart: Option<Arc<dyn MultipartStore>>,
-    /// Lists a key's open uploads, where the store can (S3).
-    pub(crate) uploads: Option<Arc<UploadLister>>,
+    /// Lists a key's open uploads, and objects whose keys `object_store` cannot parse, where
+    /// the store can (S3).
+    pub(crate) s3_lister: Option<Arc<S3Lister>>,
     pub(crate) prefix: Path,
     pub(crate) bridge: Bridge,
     pub(crate) options: ObjectStoreOptions,
@@ -89,7 +90,7 @@ impl ObjectStorage {
         Self {
             store,
             multipart: None,
-            uploads: None,
+            s3_lister: None,
             prefix: Path::default(),
             bridge,
             options: ObjectStoreOptions::default(),
@@ -206,6 +207,33 @@ impl ObjectStorage {
 }
 
 impl ObjectStorage {
+    /// Every object under the directory `under` (everything for an empty one), staged uploads
+    /// and journals included; `what` names the listing in errors. An object whose key
+    /// `object_store` cannot represent (a `.`, `..` or empty segment: anyone with write access
+    /// can create one) fails `object_store`'s whole listing; on S3 the listing is then made
+    /// again by this backend's own requests, and such objects are left out: no container has
+    /// such a key, and nothing here can address one to read or delete it.
+    pub(crate) fn objects_under(&self, under: &Path, what: &str) -> Result<Vec<ObjectMeta>> {
+        let store = Arc::clone(&self.store);
+        let at = under.clone();
+        let listed = self.bridge.run(async move {
+            let at = (!at.as_ref().is_empty()).then_some(at);
+            store.list(at.as_ref()).try_collect::<Vec<_>>().await
+        })?;
+        match (listed, &self.s3_lister) {
+            (Ok(objects), _) => Ok(objects),
+            (Err(object_store::Error::InvalidPath { .. }), Some(lister)) => {
+                let (lister, at) = (Arc::clone(lister), under.clone());
+                let listed = self
+                    .bridge
+                    .run(async move { lister.objects_under(&at).await })?
+                    .map_err(|e| convert(what, e))?;
+                Ok(listed.objects)
+            }
+            (Err(e), _) => Err(convert(what, e)),
+        }
+    }
+
     /// Refuses a configured part size the store would refuse: S3 and GCS take no part under
     /// [`MIN_PART_SIZE`] but the last; Azure, in-memory and local stores take any size.
     fn check_part_size(&self) -> Result<()> {
@@ -290,12 +318,7 @@ impl Storage for ObjectStorage {
         } else {
             self.path(prefix)?
         };
-        let store = Arc::clone(&self.store);
-        let listed = self.bridge.run(async move {
-            let under = (!under.as_ref().is_empty()).then_some(under);
-            store.list(under.as_ref()).try_collect::<Vec<_>>().await
-        })?;
-        let objects = listed.map_err(|e| convert("listing objects", e))?;
+        let objects = self.objects_under(&under, "listing objects")?;
         let mut found: Vec<Listed> = objects
             .into_iter()
             .filter_map(|meta| {

@@ -9,9 +9,9 @@ use weightbay::{Error, ErrorKind, Result};
 
 use crate::error::convert;
 use crate::options::ObjectStoreOptions;
+use crate::s3_lister::S3Lister;
 use crate::storage::ObjectStorage;
 use crate::throttle::Throttle;
-use crate::uploads::UploadLister;
 
 /// Opens the store a URL names: `s3://bucket/prefix`, `gs://bucket/prefix`,
 /// `az://container/prefix` (and the https forms `object_store` recognises), `file:///dir`,
@@ -80,9 +80,10 @@ where
         allow(unused_mut)
     )]
     let mut throttle: Option<Arc<Throttle>> = None;
-    // A store that lists a key's open uploads (S3), for cleaning up after killed writers.
+    // A store that lists what object_store does not (S3): a key's open uploads, for
+    // cleaning up after killed writers, and objects whose keys object_store cannot parse.
     #[cfg_attr(not(feature = "aws"), allow(unused_mut))]
-    let mut uploads: Option<Arc<UploadLister>> = None;
+    let mut s3_lister: Option<Arc<S3Lister>> = None;
     let (store, multipart): (Arc<dyn ObjectStore>, Option<Arc<dyn MultipartStore>>) = match scheme {
         #[cfg(feature = "aws")]
         ObjectStoreScheme::AmazonS3 => {
@@ -114,8 +115,8 @@ where
                     .build()
                     .map_err(|e| configure("configuring S3", e))?,
             );
-            uploads = Some(Arc::new(
-                UploadLister::new(store.clone()).map_err(|e| configure("configuring S3", e))?,
+            s3_lister = Some(Arc::new(
+                S3Lister::new(store.clone()).map_err(|e| configure("configuring S3", e))?,
             ));
             (store.clone(), Some(store))
         }
@@ -201,7 +202,7 @@ where
         .with_fetch_request_len(defaults.fetch_request_len.filter(|_| !local));
     let mut storage = ObjectStorage::new(store)?;
     storage.multipart = multipart;
-    storage.uploads = uploads;
+    storage.s3_lister = s3_lister;
     let storage = storage.with_prefix(prefix.as_ref())?.with_options(options);
     Ok(match throttle {
         Some(throttle) => storage.with_throttle(throttle),

@@ -162,3 +162,50 @@ fn planted_journals_touch_nothing_outside_their_own_key() {
     // The refused records stay, for a person to look at.
     assert_eq!(storage.pending("runs/a").unwrap().len(), 6);
 }
+
+/// Objects whose keys `object_store` cannot represent (`..`, `.` and empty segments), planted
+/// on the S3 server beside a run: every listing, `ls` and `gc` of the run goes on, and what
+/// they hold is left alone.
+#[test]
+fn keys_no_client_can_address_fail_no_listing() {
+    let Some(base) = weightbay_conformance::s3_url() else {
+        return;
+    };
+    let storage = weightbay_object_store::open_url(
+        &format!("{base}/verbatim-{}", unique_token()),
+        std::iter::empty::<(&str, &str)>(),
+    )
+    .unwrap();
+    let checkpoints = weightbay_checkpoints::Checkpoints::new(storage.clone(), "runs/a");
+    let writer = || {
+        weightbay::Writer::new(vec![weightbay::Tensor::new(
+            "w",
+            weightbay::DType::U8,
+            [4],
+            vec![1; 4],
+        )])
+    };
+    checkpoints.save(1, writer()).unwrap();
+    checkpoints.save(2, writer()).unwrap();
+    let root = storage.prefix().to_string();
+    for planted in [
+        "runs/a/step-1/../../ab/step-2/commit.json",
+        "runs/a/step-2/./x",
+        "runs/a//y",
+        "runs/a/step-1/.",
+    ] {
+        weightbay_conformance::s3_put_verbatim(&format!("{root}/{planted}"), "planted").unwrap();
+    }
+    let listed = storage.list("runs/a").unwrap();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+    assert!(
+        listed
+            .iter()
+            .all(|l| !l.key.contains("/./") && !l.key.contains("//"))
+    );
+    assert_eq!(checkpoints.steps().unwrap(), [1, 2]);
+    assert_eq!(storage.list("runs").unwrap().len(), 4);
+    checkpoints.gc().unwrap();
+    assert!(storage.pending("runs").unwrap().is_empty());
+    checkpoints.open(2).unwrap().verify().unwrap();
+}
