@@ -297,46 +297,40 @@ impl Checkpoints {
 }
 
 impl Checkpoints {
-    /// Fails unless every one of `containers` (keys relative to `dir`) is listed with its
+    /// Fails unless every one of `containers` (keys relative to `dir`) is stored with its
     /// length: what a save or copy checks right before it writes a commit record, so that no
-    /// record is created naming a container that a gc pass removed meanwhile. A storage that
-    /// cannot list has nothing to check against.
+    /// record is created naming a container that a gc pass removed meanwhile. Each is opened,
+    /// one request per container on an object store (a listing costs more there, and moto's
+    /// grows with the bucket).
     ///
     /// # Errors
     /// [`ErrorKind::NotFound`] naming a container that is gone; [`ErrorKind::Corrupt`] naming
     /// one of another length; the storage's errors.
     pub(crate) fn confirm_written(&self, dir: &str, containers: &[ContainerRecord]) -> Result<()> {
-        if containers.is_empty() || !self.storage.capabilities().listing {
-            return Ok(());
-        }
-        let stored: BTreeMap<String, u64> = self
-            .storage
-            .list(dir)?
-            .into_iter()
-            .map(|l| (l.key, l.len))
-            .collect();
         for container in containers {
             let key = format!("{dir}/{}", container.key);
-            match stored.get(&key) {
-                Some(&len) if len == container.len => {}
-                Some(&len) => {
-                    return Err(Error::new(
-                        ErrorKind::Corrupt,
-                        format!(
-                            "it holds {len} bytes where {} were written: nothing was committed",
-                            container.len
-                        ),
-                    )
-                    .with_key(&key));
-                }
-                None => {
+            let len = match self.storage.open(&key) {
+                Ok(source) => source.len(),
+                Err(e) if e.kind() == ErrorKind::NotFound => {
                     return Err(Error::new(
                         ErrorKind::NotFound,
                         "written by this save, it is gone (a gc pass may have removed it): \
                          nothing was committed",
                     )
-                    .with_key(&key));
+                    .with_key(&key)
+                    .with_source(e));
                 }
+                Err(e) => return Err(e.with_key(&key)),
+            };
+            if len != container.len {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "it holds {len} bytes where {} were written: nothing was committed",
+                        container.len
+                    ),
+                )
+                .with_key(&key));
             }
         }
         Ok(())

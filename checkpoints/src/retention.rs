@@ -293,9 +293,11 @@ impl Checkpoints {
                     delete_if_present(self.storage.as_ref(), key)?;
                 }
                 if pending {
-                    report.refused = self.storage.pending(&self.prefix)?;
-                    report.refused.retain(|p| p.refused.is_some());
-                    report.pending = self.storage.clean_pending(&self.prefix)?;
+                    (report.refused, report.pending) = self
+                        .storage
+                        .clean_pending(&self.prefix)?
+                        .into_iter()
+                        .partition(|p| p.refused.is_some());
                 }
             }
             Pass::Plan if pending => {

@@ -247,6 +247,27 @@ impl S3Tree {
     }
 }
 
+impl Drop for S3Tree {
+    /// Removes the case's objects: the tests share one bucket, and the local S3 server lists
+    /// slower the more it holds.
+    fn drop(&mut self) {
+        for prefix in [self.storage.prefix().to_string(), self.canary.clone()] {
+            let store = Arc::clone(self.storage.store());
+            let _ = self.runtime.block_on(async move {
+                use futures::TryStreamExt;
+                let listed: Vec<_> = store
+                    .list(Some(&ObjectPath::from(prefix.as_str())))
+                    .try_collect()
+                    .await?;
+                for meta in listed {
+                    store.delete(&meta.location).await?;
+                }
+                Ok::<_, object_store::Error>(())
+            });
+        }
+    }
+}
+
 impl Tree for S3Tree {
     fn storage(&self) -> Arc<dyn Storage> {
         Arc::new(self.storage.clone())

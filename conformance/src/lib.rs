@@ -60,7 +60,9 @@ mod support;
 pub use case::Case;
 pub use faulty::{FaultPlan, Faulty, FaultyFileSystem, InjectedFault, is_injected};
 pub use harness::Harness;
-pub use servers::{FaultProxy, azure_url, s3_open_uploads, s3_put_verbatim, s3_url};
+pub use servers::{
+    FaultProxy, azure_url, s3_delete_verbatim, s3_open_uploads, s3_put_verbatim, s3_url,
+};
 pub use sim_disk::SimulatedDisk;
 pub use suite::{Suite, failure_of, verdict};
 pub use support::{Outcome, property_cases};

@@ -181,6 +181,25 @@ pub fn s3_put_verbatim(key: &str, body: &str) -> Option<()> {
     Some(())
 }
 
+/// Removes `key` of the local S3 server's bucket as it is, what [`s3_put_verbatim`] put there.
+///
+/// # Panics
+/// When the server does not answer.
+pub fn s3_delete_verbatim(key: &str) -> Option<()> {
+    let url = s3_url()?;
+    let bucket = url
+        .trim_start_matches("s3://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
+    let path = format!("/{bucket}/{}", key.replace('.', "%2E"));
+    // S3 answers a delete with 204, which the helper counts as a failure: the answer is the
+    // server's word, and a second listing below would show a key left behind.
+    let _ = http_request(&endpoint, "DELETE", &path, "");
+    Some(())
+}
+
 /// One HTTP/1.1 request to a server on this machine (`http://127.0.0.1:PORT`); the body of a
 /// 200 answer, or an error holding the answer.
 fn http_request(base: &str, method: &str, path: &str, body: &str) -> std::io::Result<String> {

@@ -318,8 +318,9 @@ pub trait Storage: Send + Sync + fmt::Debug {
 
     /// Removes what dead writers left under `prefix` (scratch files of killed processes,
     /// abandoned uploads): the [`pending`](Self::pending) writes that are
-    /// [`abandoned`](PendingWrite::abandoned), which it returns. Writes still in progress are
-    /// left alone.
+    /// [`abandoned`](PendingWrite::abandoned), which it returns, with the records it refused
+    /// to act on ([`PendingWrite::refused`]: left untouched, so one listing tells a caller
+    /// both). Writes still in progress are left alone.
     ///
     /// # Errors
     /// [`ErrorKind::Unsupported`] unless the backend declares

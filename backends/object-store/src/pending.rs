@@ -241,13 +241,16 @@ impl ObjectStorage {
         Ok(())
     }
 
-    /// Removes every unfinished write under `prefix` whose writer is gone, and returns them.
+    /// Removes every unfinished write under `prefix` whose writer is gone, and returns them
+    /// with the records refused ([`PendingWrite::refused`]), which it leaves.
     pub(crate) fn remove_abandoned(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
         let found = self.unfinished(prefix)?;
         let claims = Claims::of(&found);
         let mut removed = Vec::new();
         for (unfinished, pending) in found {
-            if pending.abandoned
+            if pending.refused.is_some() {
+                removed.push(pending);
+            } else if pending.abandoned
                 && let Some(gone) = self.remove_unfinished(unfinished, pending, &claims)?
             {
                 removed.push(gone);

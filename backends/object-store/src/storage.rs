@@ -304,7 +304,8 @@ impl Storage for ObjectStorage {
 
     /// Aborts the uploads of journals whose writer is gone, removes their staged objects and
     /// the journals, and removes staged uploads older than
-    /// [`ObjectStoreOptions::stale_after`] that no journal names.
+    /// [`ObjectStoreOptions::stale_after`] that no journal names; returns those, and the
+    /// records it refused (see `pending.rs`), which it leaves.
     fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
         self.remove_abandoned(prefix)
     }

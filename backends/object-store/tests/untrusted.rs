@@ -142,7 +142,14 @@ fn planted_journals_touch_nothing_outside_their_own_key() {
     assert!(refused.iter().all(|p| !p.abandoned));
     assert_eq!(pending.len(), 8, "{pending:#?}");
 
-    let removed = storage.clean_pending("runs/a").unwrap();
+    let cleaned = storage.clean_pending("runs/a").unwrap();
+    let (refused, removed): (Vec<_>, Vec<_>) =
+        cleaned.into_iter().partition(|p| p.refused.is_some());
+    assert_eq!(
+        refused.len(),
+        6,
+        "refused records are returned, and left: {refused:#?}"
+    );
     let keys: Vec<&str> = removed.iter().map(|p| p.key.as_str()).collect();
     assert_eq!(
         keys,
@@ -188,13 +195,14 @@ fn keys_no_client_can_address_fail_no_listing() {
     checkpoints.save(1, writer()).unwrap();
     checkpoints.save(2, writer()).unwrap();
     let root = storage.prefix().to_string();
-    for planted in [
+    let planted = [
         "runs/a/step-1/../../ab/step-2/commit.json",
         "runs/a/step-2/./x",
         "runs/a//y",
         "runs/a/step-1/.",
-    ] {
-        weightbay_conformance::s3_put_verbatim(&format!("{root}/{planted}"), "planted").unwrap();
+    ];
+    for key in planted {
+        weightbay_conformance::s3_put_verbatim(&format!("{root}/{key}"), "planted").unwrap();
     }
     let listed = storage.list("runs/a").unwrap();
     assert_eq!(listed.len(), 4, "{listed:?}");
@@ -208,4 +216,14 @@ fn keys_no_client_can_address_fail_no_listing() {
     checkpoints.gc().unwrap();
     assert!(storage.pending("runs").unwrap().is_empty());
     checkpoints.open(2).unwrap().verify().unwrap();
+    for key in planted {
+        weightbay_conformance::s3_delete_verbatim(&format!("{root}/{key}")).unwrap();
+    }
+    for step in [1, 2] {
+        checkpoints.delete_step(step).unwrap();
+    }
+    assert!(
+        storage.list("").unwrap().is_empty(),
+        "the test's objects are removed"
+    );
 }
