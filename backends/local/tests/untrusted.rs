@@ -4,7 +4,6 @@
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use weightbay::{ErrorKind, Storage};
 use weightbay_local::LocalStorage;
@@ -96,13 +95,11 @@ fn loops_and_deep_link_trees_cost_nothing() {
     symlink(&root, root.join("run/loop")).unwrap();
     symlink(root.join("nowhere"), root.join("run/dangling")).unwrap();
     let storage = LocalStorage::new(&root);
-    let started = Instant::now();
+    // A walk that followed the links would not end: this returns at all only if none does.
     let listed = storage.list("run").unwrap();
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert!(listed[0].key.ends_with("d24/model.bpk"));
     assert!(storage.pending("run").unwrap().is_empty());
-    // Not a speed assertion: a walk through the links does not end in any time at all.
-    assert!(started.elapsed() < Duration::from_secs(60));
     assert_eq!(
         storage
             .delete("run/loop/run/d0/model.bpk")

@@ -213,7 +213,8 @@ mod tests {
 
     #[test]
     fn s3_times_read_as_utc() {
-        let at = |text| parse_time(text).map(|t| t.duration_since(SystemTime::UNIX_EPOCH).unwrap());
+        let at =
+            |text| parse_time(text).and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok());
         assert_eq!(at("1970-01-01T00:00:00.000Z"), Some(Duration::ZERO));
         assert_eq!(
             at("2000-03-01T00:00:01Z"),
