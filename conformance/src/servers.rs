@@ -132,13 +132,7 @@ impl Drop for FaultProxy {
 /// # Panics
 /// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`, or it does not answer.
 pub fn s3_open_uploads(prefix: &str) -> Option<Vec<String>> {
-    let url = s3_url()?;
-    let bucket = url
-        .trim_start_matches("s3://")
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
+    let (endpoint, bucket) = s3_server()?;
     // The local server does not check signatures, so a plain request lists what is there.
     let path = format!("/{bucket}?uploads&prefix={prefix}");
     let answer = http_request(&endpoint, "GET", &path, "")
@@ -167,15 +161,8 @@ pub fn s3_open_uploads(prefix: &str) -> Option<Vec<String>> {
 /// # Panics
 /// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`, or it refuses the object.
 pub fn s3_put_verbatim(key: &str, body: &str) -> Option<()> {
-    let url = s3_url()?;
-    let bucket = url
-        .trim_start_matches("s3://")
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
-    // Dots percent-encoded, so neither this request nor the server folds `..` away.
-    let path = format!("/{bucket}/{}", key.replace('.', "%2E"));
+    let (endpoint, bucket) = s3_server()?;
+    let path = verbatim_path(&bucket, key);
     http_request(&endpoint, "PUT", &path, body)
         .unwrap_or_else(|e| panic!("the S3 server at {endpoint} refused {path}: {e}"));
     Some(())
@@ -186,6 +173,16 @@ pub fn s3_put_verbatim(key: &str, body: &str) -> Option<()> {
 /// # Panics
 /// When the server does not answer.
 pub fn s3_delete_verbatim(key: &str) -> Option<()> {
+    let (endpoint, bucket) = s3_server()?;
+    // S3 answers a delete with 204, which `http_request` counts as a failure, so the answer is
+    // not read: a key left behind is found by the caller's next listing.
+    let _ = http_request(&endpoint, "DELETE", &verbatim_path(&bucket, key), "");
+    Some(())
+}
+
+/// The local S3 server's endpoint and bucket, or `None` (having said why) when it is not
+/// running.
+fn s3_server() -> Option<(String, String)> {
     let url = s3_url()?;
     let bucket = url
         .trim_start_matches("s3://")
@@ -193,11 +190,13 @@ pub fn s3_delete_verbatim(key: &str) -> Option<()> {
         .next()
         .unwrap_or_default();
     let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
-    let path = format!("/{bucket}/{}", key.replace('.', "%2E"));
-    // S3 answers a delete with 204, which the helper counts as a failure: the answer is the
-    // server's word, and a second listing below would show a key left behind.
-    let _ = http_request(&endpoint, "DELETE", &path, "");
-    Some(())
+    Some((endpoint, bucket.to_owned()))
+}
+
+/// The request path of `key` of `bucket`, its dots percent-encoded so that neither the request
+/// nor the server folds a `..` away.
+fn verbatim_path(bucket: &str, key: &str) -> String {
+    format!("/{bucket}/{}", key.replace('.', "%2E"))
 }
 
 /// One HTTP/1.1 request to a server on this machine (`http://127.0.0.1:PORT`); the body of a
