@@ -11,8 +11,9 @@ use crate::in_flight::Saves;
 use crate::layout;
 use crate::record::{CommitRecord, PIECES_RECORD_VERSION, RECORD_VERSION, read_json};
 
-/// How long gc keeps what a save announced it may refer to, unless told otherwise
-/// ([`Checkpoints::with_reference_lease`]). A save must commit within five sixths of it.
+/// How long gc keeps what a save announced (what it writes, and what it may refer to), unless
+/// told otherwise ([`Checkpoints::with_reference_lease`]). An incremental save or a copy must
+/// commit within five sixths of it.
 pub const DEFAULT_REFERENCE_LEASE: Duration = Duration::from_secs(3600);
 
 /// The checkpoints under one prefix of a storage. Cheap to clone; clones share the one save
@@ -22,7 +23,7 @@ pub struct Checkpoints {
     pub(crate) storage: Arc<dyn Storage>,
     pub(crate) prefix: String,
     pub(crate) saves: Arc<Saves>,
-    /// How long gc keeps what a save announced it may refer to.
+    /// How long gc keeps what a save announced.
     pub(crate) lease: Duration,
 }
 
@@ -44,9 +45,11 @@ impl Checkpoints {
         }
     }
 
-    /// How long [`gc`](Self::gc) and [`retain`](Self::retain) keep the containers an
-    /// incremental save announced it may refer to ([`DEFAULT_REFERENCE_LEASE`] unless set). A
-    /// save must commit within five sixths of it after announcing, and a gc pass stops
+    /// How long [`gc`](Self::gc) and [`retain`](Self::retain) keep what a save announced: the
+    /// containers an incremental save may refer to, and whatever any save, copy or rank
+    /// writes in its own directory ([`DEFAULT_REFERENCE_LEASE`] unless set). An incremental
+    /// save or a copy must commit within five sixths of it after announcing; a rank commit
+    /// checks the containers of ranks that announced longer ago than that; a gc pass stops
     /// deleting once it has run a sixth of it; clocks of the machines sharing the prefix must
     /// agree to within a sixth of it too.
     #[must_use]

@@ -14,7 +14,8 @@ use crate::following::{Head, Heads};
 use crate::layout::{self, manifest_key};
 use crate::ranks::{RankOutcome, check_same};
 use crate::record::{
-    CommitRecord, ContainerRecord, PieceRecord, Pieces, RankManifest, encode, read_json,
+    CommitRecord, ContainerRecord, PieceRecord, Pieces, RankManifest, encode, now_unix_ms,
+    read_json,
 };
 use crate::spliced::Spliced;
 
@@ -71,9 +72,9 @@ impl Checkpoints {
             slice.container = moved(&slice.container);
         }
         // A step older than the newest complete one is gc's to clean while it has no record:
-        // the copy announces what it writes, as an incremental save does what it refers to.
+        // the copy announces its save directory first, as every save does.
         let step = checkpoint.step();
-        let announced = self.announce_copy(step, save, |key| moved(key), &checkpoint.record)?;
+        let announced = self.announce(step, save, Vec::new())?;
         let copied = self.copy_stored(
             (checkpoint.storage.as_ref(), checkpoint.dir()),
             &checkpoint.record.containers,
@@ -91,27 +92,6 @@ impl Checkpoints {
         });
         self.withdraw(step, &format!("{dir}/{save}"));
         committed.map(|()| record)
-    }
-
-    /// Announces the containers a copy of `record` into save directory `save` will write
-    /// (each key as `moved` places it), and returns when.
-    fn announce_copy(
-        &self,
-        step: u64,
-        save: &str,
-        moved: impl Fn(&str) -> String,
-        record: &CommitRecord,
-    ) -> Result<std::time::Instant> {
-        let dir = self.step_dir(step);
-        let keys = match &record.pieces {
-            Some(pieces) => vec![format!("{save}/{}", pieces.name)],
-            None => record.containers.iter().map(|c| moved(&c.key)).collect(),
-        };
-        let keys = keys
-            .into_iter()
-            .map(|key| layout::relative(&self.prefix, &format!("{dir}/{key}")).to_owned())
-            .collect();
-        self.announce(step, save, keys)
     }
 }
 
@@ -135,7 +115,7 @@ impl Checkpoints {
         let source = Spliced::open(checkpoint.storage.as_ref(), &checkpoint.prefix, pieces)?;
         let from = (&source as &dyn Source, checkpoint.dir());
         let step = checkpoint.step();
-        let announced = self.announce_copy(step, save, str::to_owned, &checkpoint.record)?;
+        let announced = self.announce(step, save, Vec::new())?;
         let copied = copy_checked(from, &whole, self.storage.as_ref(), &key, durability)
             .and_then(|()| self.check_lease(Some(announced)))
             .and_then(|()| self.confirm_written(dir, std::slice::from_ref(&whole)));
@@ -206,13 +186,25 @@ impl Checkpoints {
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 let save = unique_token();
                 let save_dir = format!("{dir}/{save}");
-                // gc leaves a directory being written alone, as it does a rank's own save.
+                // gc leaves a directory being written alone, as it does a rank's own save: in
+                // this process by its slot, in others by its announcement.
                 self.saves.lock().ranks_in_flight.push(save_dir.clone());
-                let placed = self.place_rank(from, &theirs, &save, &key);
+                let manifest = layout::relative(&self.prefix, &key).to_owned();
+                let announced_unix_ms = now_unix_ms();
+                let placed = self.announce(step, &save, vec![manifest]).and_then(|_| {
+                    let theirs = RankManifest {
+                        announced_unix_ms: Some(announced_unix_ms),
+                        ..theirs
+                    };
+                    self.place_rank(from, &theirs, &save, &key)
+                });
                 self.saves
                     .lock()
                     .ranks_in_flight
                     .retain(|dir| *dir != save_dir);
+                if placed.is_err() {
+                    self.withdraw(step, &save_dir);
+                }
                 placed
             }
             Err(e) => Err(e),
@@ -222,8 +214,9 @@ impl Checkpoints {
     }
 
     /// Copies the containers `theirs` names from `from` into save directory `save` of its step
-    /// here and writes the manifest, moved there, at `key` with create-new; returns it, and
-    /// whether another copy's manifest stood there already.
+    /// here and writes the manifest, moved there (and with the time the copy announced, which
+    /// `theirs` carries), at `key` with create-new; returns it, and whether another copy's
+    /// manifest stood there already.
     fn place_rank(
         &self,
         from: &Checkpoints,

@@ -69,7 +69,8 @@ pub(crate) struct Base {
 impl Checkpoints {
     /// The checkpoint an incremental save of `step` refers to, announced first and read again
     /// after: `None` (a full save) when there is none with pieces, when the chain is
-    /// `rebase_after` long, or when the base went away meanwhile.
+    /// `rebase_after` long, or when the base went away meanwhile. The save is announced in
+    /// every case, as every save is ([`announce`](Self::announce)).
     pub(crate) fn announce_base(
         &self,
         step: u64,
@@ -80,18 +81,20 @@ impl Checkpoints {
             Some(base) => Some(self.open(base)?),
             None => self.latest()?,
         };
-        let Some(found) = found else { return Ok(None) };
-        let Some(pieces) = &found.record.pieces else {
-            return Ok(None);
-        };
-        if options
-            .rebase_after
-            .is_some_and(|after| pieces.increment >= after)
-        {
-            return Ok(None);
-        }
-        let keys: BTreeSet<String> = pieces.list.iter().map(|p| p.key.clone()).collect();
+        let found = found.filter(|found| {
+            found.record.pieces.as_ref().is_some_and(|pieces| {
+                options
+                    .rebase_after
+                    .is_none_or(|after| pieces.increment < after)
+            })
+        });
+        let keys: BTreeSet<String> = found
+            .iter()
+            .flat_map(|found| found.record.pieces.iter().flat_map(|p| &p.list))
+            .map(|piece| piece.key.clone())
+            .collect();
         let announced = self.announce(step, save_token, keys.into_iter().collect())?;
+        let Some(found) = found else { return Ok(None) };
         // Read after announcing: a gc that could not see the announcement saw this record, and
         // kept what it refers to (the protocol on `gc`).
         match self.read_record(found.step()) {
@@ -102,9 +105,11 @@ impl Checkpoints {
         }
     }
 
-    /// Announces that the save `save_token` of `step` may write or refer to `keys` (relative
-    /// to the prefix), so a gc pass keeps them for the lease (the protocol on
-    /// [`Checkpoints::gc`]); returns when, by this process's clock.
+    /// Announces that the save `save_token` of `step` writes into its save directory
+    /// (`<step>/<save_token>/`, named by the announcement's key) and may refer to `keys`
+    /// (relative to the prefix), so a gc pass keeps both for the lease (the protocol on
+    /// [`Checkpoints::gc`]); returns when, by this process's clock. Every save, copy and
+    /// rank announces itself before it writes anything.
     pub(crate) fn announce(
         &self,
         step: u64,
@@ -129,10 +134,11 @@ impl Checkpoints {
         Ok(announced)
     }
 
-    /// Removes the announcement of the save into `save_dir`, if it made one, best effort:
-    /// for a save that failed with nothing committed, so its base need not wait out the lease.
+    /// Removes the announcement of the save into `save_dir`, best effort: for a save that
+    /// committed (its record protects what it needs now) or failed with nothing committed (so
+    /// what it refers to need not wait out the lease).
     pub(crate) fn withdraw(&self, step: u64, save_dir: &str) {
-        let token = save_dir.rsplit('/').next().unwrap_or(save_dir);
+        let token = layout::save_token(save_dir);
         let _ = self
             .storage
             .delete(&layout::announcement_key(&self.prefix, step, token));

@@ -58,6 +58,11 @@ pub(crate) fn announcement_key(prefix: &str, step: u64, token: &str) -> String {
     format!("{}/step-{step}-{token}.json", announcements_dir(prefix))
 }
 
+/// The token of save directory `save_dir` (`<step dir>/<token>`): its last segment.
+pub(crate) fn save_token(save_dir: &str) -> &str {
+    save_dir.rsplit('/').next().unwrap_or(save_dir)
+}
+
 /// The step and save token an announcement's key under `prefix` names, if it is one.
 pub(crate) fn parse_announcement_key(prefix: &str, key: &str) -> Option<(u64, String)> {
     let name = key

@@ -78,6 +78,7 @@ mod incremental;
 mod layout;
 mod listing;
 mod merge;
+mod parallel;
 mod promotion;
 mod ranks;
 mod record;

@@ -10,7 +10,11 @@ use weightbay::{Error, ErrorKind, Listed, Result};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoints::Checkpoints;
 use crate::layout;
+use crate::parallel;
 use crate::record::{CommitRecord, ContainerRecord, FAILURE_VERSION, RankFailure, read_json};
+
+/// Everything stored under a run's prefix, by step: what [`Checkpoints::listing`] found.
+pub(crate) type Listing = BTreeMap<u64, Vec<Listed>>;
 
 /// A step found under the prefix, committed or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,20 +138,25 @@ impl Checkpoints {
     /// # Errors
     /// The storage's errors ([`ErrorKind::Unsupported`] where it cannot list).
     pub fn list(&self) -> Result<Vec<StepStatus>> {
-        self.list_reading(false)
+        self.statuses(&self.listing()?, false)
     }
 
     /// As [`list`](Self::list), for a pass that deletes on what it finds: a record that could
     /// not be read for another reason than its content (the storage's error, a time-out) fails
     /// the listing, where `list` reports the step `Damaged`: nothing is judged on a read that
-    /// did not happen.
-    pub(crate) fn list_judged(&self) -> Result<Vec<StepStatus>> {
-        self.list_reading(true)
+    /// did not happen. Returns the listing the statuses were judged on too: a pass deletes
+    /// only keys of it, listed before it reads the announcements (the protocol on
+    /// [`gc`](Self::gc)).
+    pub(crate) fn list_judged(&self) -> Result<(Vec<StepStatus>, Listing)> {
+        let listing = self.listing()?;
+        let statuses = self.statuses(&listing, true)?;
+        Ok((statuses, listing))
     }
 
-    fn list_reading(&self, judged: bool) -> Result<Vec<StepStatus>> {
-        let listing = self.listing()?;
-        let lengths = lengths(&listing);
+    /// The status of every step of `listing`, oldest first; `judged` as for
+    /// [`list_judged`](Self::list_judged).
+    fn statuses(&self, listing: &Listing, judged: bool) -> Result<Vec<StepStatus>> {
+        let lengths = lengths(listing);
         listing
             .iter()
             .map(|(&step, stored)| {
@@ -167,8 +176,8 @@ impl Checkpoints {
     }
 
     /// Everything stored under the prefix, by step: one [`Storage::list`].
-    pub(crate) fn listing(&self) -> Result<BTreeMap<u64, Vec<Listed>>> {
-        let mut by_step: BTreeMap<u64, Vec<Listed>> = BTreeMap::new();
+    pub(crate) fn listing(&self) -> Result<Listing> {
+        let mut by_step = Listing::new();
         for listed in self.storage.list(&self.prefix)? {
             if let Some(step) = layout::step_of(&self.prefix, &listed.key) {
                 by_step.entry(step).or_default().push(listed);
@@ -298,47 +307,51 @@ impl Checkpoints {
 
 impl Checkpoints {
     /// Fails unless every one of `containers` (keys relative to `dir`) is stored with its
-    /// length: what a save or copy checks right before it writes a commit record, so that no
-    /// record is created naming a container that a gc pass removed meanwhile. Each is opened,
-    /// one request per container on an object store (a listing costs more there, and moto's
-    /// grows with the bucket).
+    /// length: what a save, copy or rank commit checks right before it writes a commit
+    /// record, so that no record is created naming a container that a gc pass removed
+    /// meanwhile. Each is opened, one request per container on an object store (a listing
+    /// costs more there, and moto's grows with the bucket), several at a time
+    /// ([`parallel::each`]).
     ///
     /// # Errors
     /// [`ErrorKind::NotFound`] naming a container that is gone; [`ErrorKind::Corrupt`] naming
     /// one of another length; the storage's errors.
     pub(crate) fn confirm_written(&self, dir: &str, containers: &[ContainerRecord]) -> Result<()> {
-        for container in containers {
-            let key = format!("{dir}/{}", container.key);
-            let len = match self.storage.open(&key) {
-                Ok(source) => source.len(),
-                Err(e) if e.kind() == ErrorKind::NotFound => {
-                    return Err(Error::new(
-                        ErrorKind::NotFound,
-                        "written by this save, it is gone (a gc pass may have removed it): \
-                         nothing was committed",
-                    )
-                    .with_key(&key)
-                    .with_source(e));
-                }
-                Err(e) => return Err(e.with_key(&key)),
-            };
-            if len != container.len {
+        parallel::each(containers, |container| self.confirm_one(dir, container)).map(|_| ())
+    }
+
+    /// [`confirm_written`](Self::confirm_written) of one container.
+    fn confirm_one(&self, dir: &str, container: &ContainerRecord) -> Result<()> {
+        let key = format!("{dir}/{}", container.key);
+        let len = match self.storage.open(&key) {
+            Ok(source) => source.len(),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
                 return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "it holds {len} bytes where {} were written: nothing was committed",
-                        container.len
-                    ),
+                    ErrorKind::NotFound,
+                    "written for this checkpoint, it is gone (a gc pass may have removed \
+                     it): nothing was committed",
                 )
-                .with_key(&key));
+                .with_key(&key)
+                .with_source(e));
             }
+            Err(e) => return Err(e.with_key(&key)),
+        };
+        if len != container.len {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "it holds {len} bytes where {} were written: nothing was committed",
+                    container.len
+                ),
+            )
+            .with_key(&key));
         }
         Ok(())
     }
 }
 
 /// The length of every key listed, by key.
-fn lengths(listing: &BTreeMap<u64, Vec<Listed>>) -> BTreeMap<&str, u64> {
+fn lengths(listing: &Listing) -> BTreeMap<&str, u64> {
     listing
         .values()
         .flatten()

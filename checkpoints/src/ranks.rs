@@ -14,6 +14,7 @@ use weightbay::{
 use crate::checkpoints::Checkpoints;
 use crate::layout::{self, RANKS_DIR, manifest_key, parse_manifest_key};
 use crate::merge::{in_tensor, merge};
+use crate::parallel;
 use crate::record::{
     CommitRecord, ContainerRecord, FAILURE_VERSION, MANIFEST_VERSION, RankFailure, RankManifest,
     RankTensor, Region, encode, now_unix_ms, read_json,
@@ -23,8 +24,6 @@ use crate::retention::delete_if_present;
 
 /// How long a failed rank may spend recording why it failed.
 pub const FAILURE_RECORD_TIMEOUT: Duration = Duration::from_secs(10);
-/// At most this many manifests are read at once while committing.
-const PARALLEL_READS: usize = 64;
 
 /// Decides, after a rank's manifest is written, whether this rank commits; see
 /// [`RankSave::with_rendezvous`].
@@ -43,8 +42,9 @@ pub type Rendezvous = Arc<dyn Fn() -> Result<bool> + Send + Sync>;
 /// <step>/commit.json                               the merged record, written with create-new
 /// ```
 ///
-/// 1. Each rank streams its container into a save directory of its own, then writes its
-///    **manifest** with create-new: the container's key, length and CRC32C (taken while it
+/// 1. Each rank announces its save (`refs/`, as every save does, naming its manifest too: a
+///    gc pass elsewhere leaves both alone for the lease), streams its container into a save
+///    directory of its own, then writes its **manifest** with create-new: the container's key, length and CRC32C (taken while it
 ///    streamed), and every tensor or tensor slice in it with its global shape and
 ///    [`Region`]. No rank waits for another to write its data.
 /// 2. The rank then lists the step's manifests (one listing request per 1,000 ranks). The
@@ -52,7 +52,10 @@ pub type Rendezvous = Arc<dyn Fn() -> Result<bool> + Send + Sync>;
 ///    all `world_size` of them. When ranks finish together several do; they race to create
 ///    the step's **commit intent** (`ranks/committer`, create-new), and only the one that
 ///    creates it reads the manifests (up to 64 at a time), checks that every tensor's slices
-///    tile it exactly (no overlap, no gap), and writes the commit record with create-new. The
+///    tile it exactly (no overlap, no gap), opens every container of a rank whose
+///    announcement is past five sixths of the lease to confirm it is there with its length
+///    (64 at a time: such a rank's part may have gone to a gc; a young announcement keeps
+///    the rest), and writes the commit record with create-new. The
 ///    others report [`RankOutcome::Committing`]. Without the intent every rank that sees all
 ///    would read every manifest: with ranks finishing together that is quadratic (8,027
 ///    reads for 256 simulated ranks, against 256 with it).
@@ -258,10 +261,12 @@ impl Checkpoints {
     /// Saves one rank's part of the checkpoint of `step` and, if this rank is the one that
     /// sees every rank's manifest and creates the commit intent, commits it (see
     /// [`RankSave`] for the protocol). Costs a read of its own manifest (absent, on a first
-    /// run), the container's upload, one create-new for the manifest and one listing (a
-    /// request per 1,000 ranks); a rank that sees every manifest adds the intent's create-new,
-    /// and the one that creates it a read per manifest (64 at a time) and the commit record's
-    /// create-new. A rank whose manifest exists uploads nothing.
+    /// run), the announcement's create-new, the container's upload, one create-new for the
+    /// manifest and one listing (a request per 1,000 ranks); a rank that sees every manifest
+    /// adds the intent's create-new, and the one that creates it a read per manifest (64 at a
+    /// time), an open per container of a rank that announced past five sixths of the lease
+    /// before (none, in a job whose ranks finish within it), and the commit record's
+    /// create-new. A rank whose manifest exists uploads nothing and announces nothing.
     ///
     /// If the committing rank dies between its intent and the record, the step stays
     /// uncommitted with every manifest written until any rank runs again (its rerun commits)
@@ -357,6 +362,7 @@ impl Checkpoints {
             metadata: metadata.clone(),
             containers,
             tensors: tensors.clone(),
+            announced_unix_ms: None,
         };
         let manifest_key = manifest_key(&dir, save.rank, save.world_size);
         // A rank that ran before (a restart, or a second process running as this rank) finds
@@ -379,6 +385,14 @@ impl Checkpoints {
                 (first, true)
             }
             Err(e) if e.kind() == ErrorKind::NotFound => {
+                // Announced as every save is, with the manifest, so a gc pass elsewhere leaves
+                // both until the step commits (or the lease ends), even when the step is older
+                // than the newest complete one. The announcement stays after the manifest:
+                // the rank's part is needed until some rank commits.
+                let token = layout::save_token(save_dir);
+                let announced_manifest = layout::relative(&self.prefix, &manifest_key);
+                let announced_unix_ms = now_unix_ms();
+                self.announce(step, token, vec![announced_manifest.to_owned()])?;
                 let recording = Recording::new(Arc::clone(&self.storage));
                 let written = save
                     .writer
@@ -386,20 +400,24 @@ impl Checkpoints {
                     .write_to(&recording, &key);
                 if let Err(e) = written {
                     recording.remove_all();
+                    self.withdraw(step, save_dir);
                     return Err(e);
                 }
-                let manifest = manifest_of(
-                    recording
-                        .written()
-                        .into_iter()
-                        // Written at `key` above, under `dir/` like it.
-                        .map(|(key, len, crc32c)| ContainerRecord {
-                            key: key[dir.len() + 1..].to_owned(),
-                            len,
-                            crc32c,
-                        })
-                        .collect(),
-                );
+                let manifest = RankManifest {
+                    announced_unix_ms: Some(announced_unix_ms),
+                    ..manifest_of(
+                        recording
+                            .written()
+                            .into_iter()
+                            // Written at `key` above, under `dir/` like it.
+                            .map(|(key, len, crc32c)| ContainerRecord {
+                                key: key[dir.len() + 1..].to_owned(),
+                                len,
+                                crc32c,
+                            })
+                            .collect(),
+                    )
+                };
                 match self
                     .storage
                     .write_new_with(&manifest_key, &encode(&manifest)?, small)
@@ -409,6 +427,7 @@ impl Checkpoints {
                         // Another process running as this rank wrote it since: only the same
                         // content may stand in for the manifest written first.
                         recording.remove_all();
+                        self.withdraw(step, save_dir);
                         let first: RankManifest =
                             read_json(self.storage.as_ref(), &manifest_key, "rank manifest")?;
                         check_same(&first, &manifest, &manifest_key)?;
@@ -521,6 +540,21 @@ impl Checkpoints {
             .map(|rank| manifest_key(&dir, rank, world_size))
             .collect();
         let manifests = read_all(self.storage.as_ref(), &keys)?;
+        // No record may name a container a gc pass removed after its rank's announcement ran
+        // out (a rank that finished long before the last one, or one that did not announce).
+        // A young announcement keeps the rest until this record is written.
+        let young = self.lease - self.lease / 6;
+        let young_ms = u64::try_from(young.as_millis()).unwrap_or(u64::MAX);
+        let now = now_unix_ms();
+        let unprotected: Vec<ContainerRecord> = manifests
+            .iter()
+            .filter(|m| {
+                m.announced_unix_ms
+                    .is_none_or(|at| now.saturating_sub(at) >= young_ms)
+            })
+            .flat_map(|m| m.containers.iter().cloned())
+            .collect();
+        self.confirm_written(&dir, &unprotected)?;
         let record = merge(step, world_size, manifests)?;
         let options = options.with_durability(Durability::default());
         match self
@@ -550,11 +584,13 @@ impl Checkpoints {
     }
 }
 
-/// Whether two manifests hold the same content, wherever their containers were written.
+/// Whether two manifests hold the same content, wherever and whenever their containers were
+/// written.
 fn same_content(a: &RankManifest, b: &RankManifest) -> bool {
     let placeless = |m: &RankManifest| {
         let file = |key: &str| key.rsplit('/').next().unwrap_or(key).to_owned();
         let mut m = m.clone();
+        m.announced_unix_ms = None;
         for container in &mut m.containers {
             container.key = file(&container.key);
         }
@@ -610,30 +646,7 @@ fn check_holds(record: &CommitRecord, manifest: &RankManifest) -> Result<()> {
     ))
 }
 
-/// Every manifest at `keys`, in order, read up to [`PARALLEL_READS`] at a time: each read is
-/// a round trip on an object store, and thousands of ranks must not cost thousands of them
-/// one after another.
+/// Every manifest at `keys`, in order, read several at a time ([`parallel::each`]).
 fn read_all(storage: &dyn Storage, keys: &[String]) -> Result<Vec<RankManifest>> {
-    let threads = keys.len().clamp(1, PARALLEL_READS);
-    let mut results: Vec<Option<Result<RankManifest>>> = (0..keys.len()).map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let chunks: Vec<_> = results
-            .chunks_mut(keys.len().div_ceil(threads).max(1))
-            .zip(keys.chunks(keys.len().div_ceil(threads).max(1)))
-            .map(|(out, keys)| {
-                scope.spawn(move || {
-                    for (slot, key) in out.iter_mut().zip(keys) {
-                        *slot = Some(read_json(storage, key, "rank manifest"));
-                    }
-                })
-            })
-            .collect();
-        for chunk in chunks {
-            let _ = chunk.join();
-        }
-    });
-    results
-        .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Io, "a manifest read panicked"))))
-        .collect()
+    parallel::each(keys, |key| read_json(storage, key, "rank manifest"))
 }

@@ -224,6 +224,12 @@ pub struct RankManifest {
     pub containers: Vec<ContainerRecord>,
     /// Every tensor the rank holds, whole or a slice, by its logical name.
     pub tensors: BTreeMap<String, RankTensor>,
+    /// When the rank announced its save, in milliseconds since the Unix epoch by its clock (a
+    /// moment at or before the announcement's own time); absent in manifests of writers that
+    /// did not announce. While the announcement is young, gc keeps the rank's containers, so
+    /// the commit need not check them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced_unix_ms: Option<u64>,
 }
 
 /// A tensor, or a slice of one, that a rank holds.

@@ -10,7 +10,7 @@ use weightbay::{Error, ErrorKind, PendingWrite, Result, Storage};
 
 use crate::checkpoints::Checkpoints;
 use crate::layout;
-use crate::listing::{StepState, StepStatus, complete_steps};
+use crate::listing::{Listing, StepState, StepStatus, complete_steps};
 use crate::record::{ANNOUNCEMENT_VERSION, Announcement, CommitRecord, now_unix_ms, read_json};
 
 /// One value for each tier: a retention policy each ([`Tiered::retain`](crate::Tiered::retain),
@@ -80,11 +80,15 @@ pub struct GcReport {
 }
 
 /// What no deletion may touch now: every container a commit record names or its pieces lie
-/// in, and every container a save in progress announced; with the announcements that protect
-/// nothing any more (their save committed, or their lease ran out).
+/// in, and every container a save in progress announced or writes in its save directory;
+/// with the announcements that protect nothing any more (their save committed, or their
+/// lease ran out).
 struct Protected {
     /// Each protected key, with why.
     keys: BTreeMap<String, String>,
+    /// The save directories of saves in progress (each ending in `/`): every key under one is
+    /// protected, with why.
+    dirs: Vec<(String, String)>,
     spent: Vec<String>,
     /// Until when the pass may delete on what it read: a sixth of the lease after it began
     /// to read the announcements (the protocol on [`Checkpoints::gc`]).
@@ -92,6 +96,16 @@ struct Protected {
 }
 
 impl Protected {
+    /// Why `key` may not be deleted, if it may not.
+    fn why(&self, key: &str) -> Option<&String> {
+        self.keys.get(key).or_else(|| {
+            self.dirs
+                .iter()
+                .find(|(dir, _)| key.starts_with(dir.as_str()))
+                .map(|(_, why)| why)
+        })
+    }
+
     /// Fails once the pass has run past its deadline, saying how far it got.
     fn check_deadline(&self, lease: std::time::Duration, deleted: usize) -> Result<()> {
         if Instant::now() < self.deadline {
@@ -134,7 +148,7 @@ impl Checkpoints {
     /// # Errors
     /// As [`list`](Self::list).
     pub fn retention_plan(&self, policy: &Retention) -> Result<Vec<u64>> {
-        Ok(retention_plan(&self.list_judged()?, policy))
+        Ok(retention_plan(&self.list_judged()?.0, policy))
     }
 
     /// Deletes the checkpoint of `step`: its commit record first, then everything under its
@@ -164,17 +178,26 @@ impl Checkpoints {
                 &layout::record_key(&self.step_dir(step)),
             )?;
         }
-        let statuses = self.list_judged()?;
-        let protected = self.protected(&statuses, &deleted, &BTreeSet::new())?;
-        let mut count = steps.len();
-        for &step in steps {
-            for listed in self.storage.list(&self.step_dir(step))? {
-                if !protected.keys.contains_key(&listed.key) {
-                    protected.check_deadline(self.lease, count)?;
-                    delete_if_present(self.storage.as_ref(), &listed.key)?;
-                    count += 1;
-                }
-            }
+        let (statuses, listing) = self.list_judged()?;
+        let retired = Retired {
+            records: &deleted,
+            steps: &steps.iter().copied().collect(),
+            still_listed: false,
+        };
+        let protected = self.protected(&statuses, &retired)?;
+        let announcements = protected.spent.iter().filter(|key| {
+            layout::parse_announcement_key(&self.prefix, key)
+                .is_some_and(|(step, _)| retired.steps.contains(&step))
+        });
+        let stored = steps
+            .iter()
+            .flat_map(|step| listing.get(step).into_iter().flatten());
+        let unprotected = stored
+            .map(|listed| &listed.key)
+            .filter(|key| protected.why(key).is_none());
+        for (count, key) in (steps.len()..).zip(unprotected.chain(announcements)) {
+            protected.check_deadline(self.lease, count)?;
+            delete_if_present(self.storage.as_ref(), key)?;
         }
         Ok(())
     }
@@ -189,29 +212,38 @@ impl Checkpoints {
     ///
     /// # References and saves racing gc
     ///
-    /// An incremental save refers to containers of earlier checkpoints; gc (and
-    /// [`retain`](Self::retain)) never deletes a container a commit record names or refers
-    /// to, nor one a save in progress will refer to. The protocol, safe against any number of
-    /// savers in any processes, any of them killed at any step, while one gc or retention pass
-    /// at a time runs on the prefix:
-    /// 1. A save first writes an announcement naming every container it may refer to
-    ///    (`refs/step-<n>-<save>.json`), then reads its base's commit record again, and refers
-    ///    to the base only if the record is still there. It commits within five sixths of the
-    ///    lease ([`with_reference_lease`](Self::with_reference_lease)) after announcing, or
-    ///    fails with nothing committed.
-    /// 2. A pass lists the checkpoints and reads their records, *then* lists the
+    /// An incremental save refers to containers of earlier checkpoints, and any save may be of
+    /// a step older than the newest complete one (a backfill, a copy, a rank run again); gc
+    /// (and [`retain`](Self::retain)) never deletes a container a commit record names or
+    /// refers to, nor one a save in progress writes or will refer to. The protocol, safe
+    /// against any number of savers in any processes, any of them killed at any step, while
+    /// one gc or retention pass at a time runs on the prefix:
+    /// 1. A save first writes an announcement (`refs/step-<n>-<save>.json`): its key names the
+    ///    save's own directory (`step-<n>/<save>/`), and it lists every container the save may
+    ///    refer to. Only then does it write anything, and an incremental save reads its
+    ///    base's commit record again and refers to the base only if the record is still
+    ///    there. It commits within five sixths of the lease
+    ///    ([`with_reference_lease`](Self::with_reference_lease)) after announcing, or fails
+    ///    with nothing committed (a full save or a rank, whose containers are its own, checks
+    ///    instead that they are all there right before its commit record, and fails naming
+    ///    one that is gone). A save removes its announcement once committed or failed; a
+    ///    rank's stays until its step commits.
+    /// 2. A pass lists the prefix and reads the commit records, *then* lists the
     ///    announcements, *then* lists the records again and reads the ones that are new. It
-    ///    keeps every container a record it read names or refers to, and every container an
-    ///    announcement names, unless the announcement's save committed before the pass began
-    ///    (its record protects what it needs) or the announcement is older than the lease;
-    ///    those announcements it removes.
+    ///    deletes only keys of its first listing, and keeps every container a record it read
+    ///    names or refers to, every container an announcement names and everything in an
+    ///    announced save's directory, unless the announcement's save committed before the
+    ///    pass began (its record protects what it needs) or the announcement is older than
+    ///    the lease; those announcements it removes.
     ///
-    /// A save whose announcement the pass did not list announced after the pass's first
-    /// reading, so it read its base's record after that; the record was then there in the
-    /// pass's second reading (only a pass deletes records), so the pass kept what it refers
-    /// to. A save whose announcement the pass listed is kept by it; if the announcement was
-    /// past its lease, the save had committed before the listing and its record is in the
-    /// second reading.
+    /// A container in the pass's first listing was written after its save's announcement,
+    /// so the pass lists that announcement, or the save had removed it, committed, and its
+    /// record is in the second reading. A save whose announcement the pass did not list
+    /// announced after the pass's first reading, so it read its base's record after that;
+    /// the record was then there in the pass's second reading (only a pass deletes records),
+    /// so the pass kept what it refers to. A save whose announcement the pass listed is kept
+    /// by it; if the announcement was past its lease, the save had committed before the
+    /// listing and its record is in the second reading.
     ///
     /// # Errors
     /// [`ErrorKind::Corrupt`] naming an announcement of an unknown version (it may protect
@@ -254,15 +286,15 @@ impl Checkpoints {
     /// would delete. A plan reads the listing as the deleting pass would find it after
     /// deleting the retired records, so the two reports agree.
     fn collect(&self, policy: Option<&Retention>, pass: Pass) -> Result<GcReport> {
-        let mut statuses = self.list_judged()?;
+        let (mut statuses, mut listing) = self.list_judged()?;
         let doomed = policy.map_or_else(Vec::new, |policy| retention_plan(&statuses, policy));
         let doomed_set: BTreeSet<u64> = doomed.iter().copied().collect();
-        let retired: Vec<CommitRecord> = statuses
+        let records: Vec<CommitRecord> = statuses
             .iter()
             .filter(|s| doomed_set.contains(&s.step))
             .filter_map(|s| s.record.clone())
             .collect();
-        let ignored = match pass {
+        let still_listed = match pass {
             Pass::Delete if !doomed.is_empty() => {
                 // The records go first, so a checkpoint half deleted is never complete; the
                 // listing is read again after, as the protocol on `gc` needs.
@@ -270,19 +302,24 @@ impl Checkpoints {
                     let key = layout::record_key(&self.step_dir(step));
                     delete_if_present(self.storage.as_ref(), &key)?;
                 }
-                statuses = self.list_judged()?;
-                BTreeSet::new()
+                (statuses, listing) = self.list_judged()?;
+                false
             }
-            Pass::Delete => BTreeSet::new(),
+            Pass::Delete => false,
             Pass::Plan => {
                 for status in statuses.iter_mut().filter(|s| doomed_set.contains(&s.step)) {
                     status.record = None;
                     status.state = StepState::Uncommitted;
                 }
-                doomed_set
+                true
             }
         };
-        let (mut report, protected) = self.sweep(&statuses, &retired, &ignored)?;
+        let retired = Retired {
+            records: &records,
+            steps: &doomed_set,
+            still_listed,
+        };
+        let (mut report, protected) = self.sweep(&statuses, &listing, &retired)?;
         report.checkpoints = doomed;
         let pending = self.storage.capabilities().pending_listing;
         match pass {
@@ -317,16 +354,10 @@ impl Checkpoints {
 
     /// What references protect, read in the order the protocol on [`gc`](Self::gc) needs:
     /// `statuses` (the first reading of the records), then the announcements, then the
-    /// records that are new since `statuses`. `deleted` are records this pass deleted (or, in
-    /// a plan, would delete: their steps are `ignored` in the second reading): they protect
-    /// nothing, but their saves' announcements are spent. A record that is damaged protects
-    /// nothing it could name: its step is kept whole instead.
-    fn protected(
-        &self,
-        statuses: &[StepStatus],
-        deleted: &[CommitRecord],
-        ignored: &BTreeSet<u64>,
-    ) -> Result<Protected> {
+    /// records that are new since `statuses`. What the pass `retired` protects nothing, but
+    /// its saves' announcements, and every announcement of a retired step, are spent. A
+    /// record that is damaged protects nothing it could name: its step is kept whole instead.
+    fn protected(&self, statuses: &[StepStatus], retired: &Retired<'_>) -> Result<Protected> {
         let deadline = Instant::now() + self.lease / 6;
         let records: Vec<&CommitRecord> =
             statuses.iter().filter_map(|s| s.record.as_ref()).collect();
@@ -337,6 +368,7 @@ impl Checkpoints {
         let now = now_unix_ms();
         let lease = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         let mut spent = Vec::new();
+        let mut dirs = Vec::new();
         let dir = layout::announcements_dir(&self.prefix);
         for listed in self.storage.list(&dir)? {
             let read: Result<Announcement> =
@@ -354,35 +386,39 @@ impl Checkpoints {
                 }
                 Err(e) => return Err(e),
             };
-            // The save committed if its step's record names a container of its directory.
-            let committed = layout::parse_announcement_key(&self.prefix, &listed.key).is_some_and(
-                |(step, token)| {
-                    let own = format!("{token}/");
-                    records
-                        .iter()
-                        .copied()
-                        .chain(deleted)
-                        .filter(|r| r.step == step)
-                        .any(|r| r.containers.iter().any(|c| c.key.starts_with(&own)))
-                },
-            );
+            let save = layout::parse_announcement_key(&self.prefix, &listed.key);
+            // Once its step has a record, a save committed it, or can no longer (the record's
+            // create-new fails it): its record protects what it needs. A step retired is
+            // deleted whole, saves of it in progress included (each fails at its check before
+            // its record).
+            let committed = save.as_ref().is_some_and(|(step, _)| {
+                let mut recorded = records.iter().copied().chain(retired.records);
+                recorded.any(|r| r.step == *step) || retired.steps.contains(step)
+            });
             if committed || now.saturating_sub(announcement.time_unix_ms) >= lease {
                 spent.push(listed.key);
-            } else {
-                for key in &announcement.keys {
-                    let why = format!(
-                        "a save of step {} in progress may refer to it",
-                        announcement.step
-                    );
-                    keys.entry(layout::under(&self.prefix, key)).or_insert(why);
-                }
+                continue;
+            }
+            for key in &announcement.keys {
+                let why = format!(
+                    "a save of step {} in progress may refer to it",
+                    announcement.step
+                );
+                keys.entry(layout::under(&self.prefix, key)).or_insert(why);
+            }
+            // Whatever the save writes lies in its own directory, named by the announcement's
+            // key: a full save of a step older than the newest complete one, a copy, a rank.
+            if let Some((step, token)) = save {
+                let why = format!("a save of step {step} in progress writes it");
+                dirs.push((format!("{}/{token}/", self.step_dir(step)), why));
             }
         }
         let read: BTreeSet<u64> = records.iter().map(|r| r.step).collect();
         for (step, stored) in self.listing()? {
             let record_key = layout::record_key(&self.step_dir(step));
             let listed = stored.iter().any(|l| l.key == record_key);
-            if read.contains(&step) || ignored.contains(&step) || !listed {
+            let ignored = retired.still_listed && retired.steps.contains(&step);
+            if read.contains(&step) || ignored || !listed {
                 continue;
             }
             match self.read_record(step) {
@@ -395,6 +431,7 @@ impl Checkpoints {
         }
         Ok(Protected {
             keys,
+            dirs,
             spent,
             deadline,
         })
@@ -415,13 +452,16 @@ impl Checkpoints {
 
     /// What [`gc`](Self::gc) would remove and keep of `statuses`, but for unfinished
     /// writes, with what protects the rest ([`protected`](Self::protected)'s arguments).
+    /// Only keys of `listing`, the listing `statuses` were judged on, are candidates: they
+    /// were listed before the announcements were, so a save that wrote one had announced it
+    /// by then.
     fn sweep(
         &self,
         statuses: &[StepStatus],
-        deleted: &[CommitRecord],
-        ignored: &BTreeSet<u64>,
+        listing: &Listing,
+        retired: &Retired<'_>,
     ) -> Result<(GcReport, Protected)> {
-        let protected = self.protected(statuses, deleted, ignored)?;
+        let protected = self.protected(statuses, retired)?;
         let newest_complete = statuses
             .iter()
             .rev()
@@ -460,16 +500,16 @@ impl Checkpoints {
                 .chain(intent)
                 .chain(std::iter::once(layout::record_key(&dir)))
                 .collect();
-            for listed in self.storage.list(&dir)? {
+            for listed in listing.get(&status.step).into_iter().flatten() {
                 let saving = writing
                     .iter()
                     .any(|save_dir| listed.key.starts_with(&format!("{save_dir}/")));
                 if named.contains(&listed.key) || saving {
                     continue;
                 }
-                match protected.keys.get(&listed.key) {
-                    Some(why) => kept.push((listed.key, why.clone())),
-                    None => orphans.push(listed.key),
+                match protected.why(&listed.key) {
+                    Some(why) => kept.push((listed.key.clone(), why.clone())),
+                    None => orphans.push(listed.key.clone()),
                 }
             }
         }
@@ -483,6 +523,15 @@ impl Checkpoints {
         };
         Ok((report, protected))
     }
+}
+
+/// What a pass retires: the commit records it deleted (or, planning, would delete), and the
+/// steps it deletes whole.
+struct Retired<'a> {
+    records: &'a [CommitRecord],
+    steps: &'a BTreeSet<u64>,
+    /// A plan's: the retired records are still there, and the second reading skips them.
+    still_listed: bool,
 }
 
 /// Whether a gc pass deletes, or only says what it would delete.

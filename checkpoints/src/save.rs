@@ -199,6 +199,12 @@ impl Checkpoints {
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
+        if options.incremental.is_none() {
+            // Every save announces itself before it writes (an incremental one as it finds its
+            // base), so a gc pass elsewhere leaves its directory alone even when its step is
+            // older than the newest complete one (a backfill, a rerun).
+            self.announce(step, layout::save_token(save_dir), Vec::new())?;
+        }
         let follower = follower.filter(|_| options.incremental.is_none());
         let recording = Recording::new(Arc::clone(&self.storage)).followed_by(follower);
         let format = writer.format();
@@ -276,7 +282,10 @@ impl Checkpoints {
         let mut options = CreateOptions::default().with_durability(durability);
         options.deadline = deadline;
         match self.storage.write_new_with(&record_key, &body, options) {
-            Ok(()) => Ok(record),
+            Ok(()) => {
+                self.withdraw(step, save_dir);
+                Ok(record)
+            }
             Err(e) => {
                 if e.kind() == ErrorKind::AlreadyExists {
                     recording.remove_all();
@@ -302,8 +311,7 @@ impl Checkpoints {
         recording: &Recording,
         deadline: Option<Instant>,
     ) -> Result<(Option<Base>, Pieces)> {
-        let token = save_dir.rsplit('/').next().unwrap_or(save_dir);
-        let base = self.announce_base(step, token, incremental)?;
+        let base = self.announce_base(step, layout::save_token(save_dir), incremental)?;
         let base_pieces = base.as_ref().and_then(|b| b.record.pieces.as_ref());
         let name = format!("model.{}", writer.format().extension());
         let mut plan = plan(&writer, base_pieces, incremental)?;

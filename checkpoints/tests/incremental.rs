@@ -365,13 +365,15 @@ fn a_pass_that_deletes_a_save_s_base_while_it_uploads_keeps_what_the_save_refers
     assert_eq!(checkpoints.steps().unwrap(), [2, 3]);
     assert_eq!(contents(&checkpoints, 3), expected(&third));
     checkpoints.open(3).unwrap().verify().unwrap();
-    // Once step 3 is committed, its record protects step 1's bytes and the announcement goes.
+    // Once step 3 is committed, its record protects step 1's bytes: the save removed its
+    // announcement.
+    assert!(checkpoints.gc_plan().unwrap().spent.is_empty());
     let report = checkpoints.gc().unwrap();
     assert!(
         report
-            .spent
+            .kept
             .iter()
-            .any(|k| k.starts_with("run/refs/step-3-")),
+            .any(|(k, _)| k.starts_with("run/step-1/")),
         "{report:?}"
     );
     checkpoints.open(3).unwrap().verify().unwrap();

@@ -9,13 +9,19 @@ use weightbay::{
     Capabilities, CreateOptions, DType, Durability, ErrorKind, Listed, MemoryStorage, PendingWrite,
     Result, Sink, Source, Storage, StorageExt, Tensor, Writer,
 };
-use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions, StepState};
+use weightbay_checkpoints::{Checkpoints, RankSave, Retention, SaveOptions, StepState};
 
 fn writer(step: u64) -> Writer {
     Writer::new(vec![
         Tensor::new("frozen", DType::U8, [4096], vec![1; 4096]),
         Tensor::new("w", DType::U8, [64], vec![step as u8; 64]),
     ])
+}
+
+/// Rank `rank`'s part of a step saved by two ranks.
+fn rank_save(rank: u32) -> RankSave {
+    let tensor = Tensor::new(format!("rank{rank}"), DType::U8, [64], vec![rank as u8; 64]);
+    RankSave::new(rank, 2, Writer::new(vec![tensor]))
 }
 
 fn put(storage: &dyn Storage, key: &str, bytes: &[u8]) {
@@ -273,4 +279,187 @@ fn a_record_deleted_between_listing_and_reading_is_not_damaged() {
         .map(|s| s.state)
         .collect();
     assert_eq!(states, [StepState::Uncommitted, StepState::Complete]);
+}
+
+/// A gc from another value over the same storage, run by the hook before the save of step 3
+/// opens a container to confirm it (after its last byte) and before it creates its commit
+/// record, asserting it removes nothing.
+fn gc_from_another_process_at_commit(storage: &Hooked, other: Checkpoints) {
+    storage.set(move |operation, key| {
+        let confirming = operation == "open"
+            && key.starts_with("run/step-3/")
+            && key != "run/step-3/commit.json";
+        let committing = operation == "create" && key == "run/step-3/commit.json";
+        if confirming || committing {
+            let report = other.gc().unwrap();
+            assert!(
+                report.orphans.is_empty(),
+                "gc removed a live save's bytes ({operation} {key}): {report:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_save_of_an_older_step_racing_gc_commits_a_complete_checkpoint() {
+    for options in [SaveOptions::default(), SaveOptions::sharded(1024)] {
+        let inner = MemoryStorage::new();
+        let storage = Hooked::new(inner.clone());
+        let checkpoints = Checkpoints::new(storage.clone(), "run");
+        checkpoints.save(10, writer(10)).unwrap();
+        gc_from_another_process_at_commit(&storage, Checkpoints::new(inner.clone(), "run"));
+        checkpoints.save_with(3, writer(3), options).unwrap();
+        let reread = Checkpoints::new(inner.clone(), "run");
+        reread.open(3).unwrap().verify().unwrap();
+        assert_eq!(reread.steps().unwrap(), [3, 10]);
+        assert!(
+            inner.list("run/refs").unwrap().is_empty(),
+            "a committed save leaves no announcement"
+        );
+    }
+}
+
+#[test]
+fn a_rank_of_an_older_step_keeps_its_part_through_gc() {
+    let inner = MemoryStorage::new();
+    let checkpoints = Checkpoints::new(inner.clone(), "run");
+    checkpoints.save(10, writer(10)).unwrap();
+    checkpoints.save_rank(3, rank_save(0)).unwrap();
+    let report = Checkpoints::new(inner.clone(), "run").gc().unwrap();
+    assert!(
+        report.orphans.is_empty(),
+        "gc removed rank 0's part: {report:?}"
+    );
+    checkpoints.save_rank(3, rank_save(1)).unwrap();
+    checkpoints.open(3).unwrap().verify().unwrap();
+    let report = checkpoints.gc().unwrap();
+    assert_eq!(
+        report.spent.len(),
+        2,
+        "both ranks' announcements are spent: {report:?}"
+    );
+    assert!(inner.list("run/refs").unwrap().is_empty());
+}
+
+#[test]
+fn a_rank_commit_whose_container_is_gone_commits_nothing() {
+    let inner = MemoryStorage::new();
+    // A lease of nothing: every rank's announcement is past it by the time the step commits.
+    let checkpoints = Checkpoints::new(inner.clone(), "run").with_reference_lease(Duration::ZERO);
+    checkpoints.save_rank(3, rank_save(0)).unwrap();
+    // What a gc does once rank 0's announcement has run out: its container goes, its
+    // manifest is still there when rank 1 finishes.
+    for listed in inner.list("run/step-3").unwrap() {
+        if listed.key.ends_with(".bpk") {
+            inner.delete(&listed.key).unwrap();
+        }
+    }
+    let err = checkpoints.save_rank(3, rank_save(1)).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(err.to_string().contains("rank-00000"), "{err}");
+    assert!(inner.open("run/step-3/commit.json").is_err());
+}
+
+#[test]
+fn gc_deletes_only_what_it_listed_before_the_announcements() {
+    let inner = MemoryStorage::new();
+    let storage = Hooked::new(inner.clone());
+    let checkpoints = Checkpoints::new(storage.clone(), "run");
+    checkpoints.save(10, writer(10)).unwrap();
+    put(
+        &inner,
+        "run/step-3/dead/model.bpk",
+        b"left by a save that died",
+    );
+    // A rank of step 3 starts after the pass listed the announcements, and writes before the
+    // pass reads the records again.
+    let rank = Checkpoints::new(inner.clone(), "run");
+    let lists = Arc::new(Mutex::new(0));
+    storage.set(move |operation, key| {
+        if operation == "list" && key == "run" {
+            let mut lists = lists.lock().unwrap();
+            *lists += 1;
+            if *lists == 2 {
+                rank.save_rank(3, rank_save(0)).unwrap();
+            }
+        }
+    });
+    let report = checkpoints.gc().unwrap();
+    assert_eq!(report.orphans, ["run/step-3/dead/model.bpk"], "{report:?}");
+    let left: Vec<String> = inner
+        .list("run/step-3")
+        .unwrap()
+        .into_iter()
+        .map(|l| l.key)
+        .collect();
+    assert_eq!(
+        left.len(),
+        2,
+        "the rank's container and manifest stay: {left:?}"
+    );
+}
+
+#[test]
+fn a_rank_commit_checks_only_the_parts_of_ranks_whose_announcement_ran_out() {
+    let opened = Arc::new(Mutex::new(Vec::new()));
+    let commit = |lease: Duration| {
+        let storage = Hooked::new(MemoryStorage::new());
+        let checkpoints = Checkpoints::new(storage.clone(), "run").with_reference_lease(lease);
+        checkpoints.save_rank(3, rank_save(0)).unwrap();
+        let opened = Arc::clone(&opened);
+        opened.lock().unwrap().clear();
+        storage.set(move |operation, key| {
+            if operation == "open" && key.ends_with(".bpk") {
+                opened.lock().unwrap().push(key.to_owned());
+            }
+        });
+        checkpoints.save_rank(3, rank_save(1)).unwrap();
+        checkpoints.open(3).unwrap();
+    };
+    commit(Duration::from_secs(3600));
+    assert!(
+        opened.lock().unwrap().is_empty(),
+        "{:?}",
+        opened.lock().unwrap()
+    );
+    commit(Duration::ZERO);
+    assert_eq!(
+        opened.lock().unwrap().len(),
+        2,
+        "{:?}",
+        opened.lock().unwrap()
+    );
+}
+
+#[test]
+fn a_dead_writer_s_directory_is_kept_for_the_lease_then_cleaned() {
+    let storage = MemoryStorage::new();
+    let checkpoints = Checkpoints::new(storage.clone(), "run");
+    checkpoints.save(10, writer(10)).unwrap();
+    // What a save of step 3 killed after its first container leaves.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let announcement =
+        format!(r#"{{"weightbay_announcement": 1, "step": 3, "time_unix_ms": {now}, "keys": []}}"#);
+    put(
+        &storage,
+        "run/refs/step-3-77-1-dead.json",
+        announcement.as_bytes(),
+    );
+    put(&storage, "run/step-3/77-1-dead/model.bpk", b"half a save");
+    let plan = checkpoints.gc_plan().unwrap();
+    assert!(plan.orphans.is_empty(), "{plan:?}");
+    assert_eq!(
+        plan.kept,
+        [(
+            "run/step-3/77-1-dead/model.bpk".to_owned(),
+            "a save of step 3 in progress writes it".to_owned()
+        )]
+    );
+    let expired = checkpoints.with_reference_lease(Duration::ZERO);
+    let plan = expired.gc_plan().unwrap();
+    assert_eq!(plan.orphans, ["run/step-3/77-1-dead/model.bpk"]);
+    assert_eq!(plan.spent, ["run/refs/step-3-77-1-dead.json"]);
 }

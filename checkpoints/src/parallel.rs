@@ -1,0 +1,57 @@
+//! Requests that do not depend on each other, made several at a time: each is a round trip on
+//! an object store, and a commit over thousands of ranks must not make thousands of them one
+//! after another.
+
+use weightbay::{Error, ErrorKind, Result};
+
+/// At most this many requests of one [`each`] are in flight.
+const PARALLEL_REQUESTS: usize = 64;
+
+/// `request` of every item, in order, made on up to [`PARALLEL_REQUESTS`] threads; the first
+/// error in that order, if any.
+pub(crate) fn each<T, R, F>(items: &[T], request: F) -> Result<Vec<R>>
+where
+    T: Sync,
+    R: Send,
+    F: Fn(&T) -> Result<R> + Sync,
+{
+    if items.len() <= 1 {
+        return items.iter().map(request).collect();
+    }
+    let per_thread = items.len().div_ceil(PARALLEL_REQUESTS).max(1);
+    let mut results: Vec<Option<Result<R>>> = (0..items.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let request = &request;
+        for (out, items) in results.chunks_mut(per_thread).zip(items.chunks(per_thread)) {
+            scope.spawn(move || {
+                for (slot, item) in out.iter_mut().zip(items) {
+                    *slot = Some(request(item));
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Io, "a request panicked"))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_come_in_order_and_the_first_error_wins() {
+        let items: Vec<u32> = (0..200).collect();
+        assert_eq!(each(&items, |&i| Ok(i * 2)).unwrap()[199], 398);
+        let failed = each(&items, |&i| {
+            if i % 70 == 69 {
+                Err(Error::invalid(format!("item {i}")))
+            } else {
+                Ok(i)
+            }
+        });
+        assert!(failed.unwrap_err().to_string().contains("item 69"));
+        assert!(each(&[] as &[u32], |&i| Ok(i)).unwrap().is_empty());
+    }
+}
