@@ -77,9 +77,12 @@ fn missing_credentials(error: &object_store::Error) -> Option<String> {
     let read = match *store {
         "S3" => {
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary \
-             ones), or AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN, or \
-             AWS_CONTAINER_CREDENTIALS_RELATIVE_URI / AWS_CONTAINER_CREDENTIALS_FULL_URI; \
-             ~/.aws/credentials and AWS_PROFILE are not read"
+             ones), then the profile AWS_PROFILE names (`default` without it) in \
+             ~/.aws/credentials and ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE): \
+             its aws_access_key_id and aws_secret_access_key, or its credential_process (SSO and \
+             assumed-role profiles are not read), then AWS_WEB_IDENTITY_TOKEN_FILE with \
+             AWS_ROLE_ARN, or AWS_CONTAINER_CREDENTIALS_RELATIVE_URI / \
+             AWS_CONTAINER_CREDENTIALS_FULL_URI"
         }
         "GCS" => {
             "GOOGLE_SERVICE_ACCOUNT (or GOOGLE_SERVICE_ACCOUNT_PATH, GOOGLE_APPLICATION_CREDENTIALS) \

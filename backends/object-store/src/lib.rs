@@ -35,6 +35,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "aws")]
+mod aws_profile;
 mod error;
 mod journal;
 mod landed;

@@ -17,8 +17,10 @@ use crate::throttle::Throttle;
 /// `az://container/prefix` (and the https forms `object_store` recognises), `file:///dir`,
 /// `memory:///prefix`. Cloud stores start from their standard environment variables
 /// (`AWS_*`, `GOOGLE_*`, `AZURE_*`), then apply `options` (object_store configuration keys,
-/// such as `aws_endpoint`), exactly as `object_store` users configure them. Credentials are
-/// never logged or put in error messages.
+/// such as `aws_endpoint`), exactly as `object_store` users configure them; S3 then takes what
+/// neither set from the profile of the AWS shared files (`~/.aws/credentials`,
+/// `~/.aws/config`, `AWS_PROFILE`) as the AWS CLI and boto3 do: keys, `credential_process`,
+/// `region`, `endpoint_url`. Credentials are never logged or put in error messages.
 ///
 /// # Errors
 /// [`ErrorKind::InvalidInput`] for a URL that is not one of these, or a bad option.
@@ -96,6 +98,9 @@ where
                     .map_err(|e| configure("bad S3 option", e))?;
                 builder = builder.with_config(key, value);
             }
+            // What neither the environment nor the options set, the AWS shared files may.
+            let env = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+            builder = crate::aws_profile::apply(builder, &env).map_err(|e| e.with_key(url))?;
             let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
             let shared = Throttle::shared(&store_name(&parsed, endpoint.as_deref()));
             builder = builder.with_http_connector(shared.connector());
