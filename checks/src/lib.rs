@@ -43,34 +43,117 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `line` without its string literals' contents (doc attributes spell paths in strings).
-fn without_strings(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let (mut in_string, mut escaped) = (false, false);
-    for c in line.chars() {
-        match (in_string, escaped, c) {
-            (true, false, '\\') => escaped = true,
-            (true, false, '"') => {
-                in_string = false;
-                out.push(c);
+/// The source without comments, the contents of string and character literals, and a
+/// trailing inline test module. Literals are followed across lines (a message continued with
+/// `\` may hold words such as `use`, which are no code) and raw strings to their own closing
+/// `"#`; a `'` starts a character literal only where one closes (`'a'`, `'\n'`), otherwise it
+/// is a lifetime. Line breaks stay, so the test module is still found line by line.
+fn code_of(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let word_before = |out: &str| {
+        out.chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        let next = chars.get(i + 1).copied();
+        match c {
+            '/' if next == Some('/') => {
+                while i < chars.len() && chars[i] != '\n' {
+                    i += 1;
+                }
             }
-            (true, _, _) => escaped = false,
-            (false, _, '"') => {
-                in_string = true;
-                out.push(c);
+            '/' if next == Some('*') => {
+                let (mut depth, mut j) = (0usize, i);
+                while j < chars.len() {
+                    if chars[j] == '/' && chars.get(j + 1) == Some(&'*') {
+                        depth += 1;
+                        j += 2;
+                    } else if chars[j] == '*' && chars.get(j + 1) == Some(&'/') {
+                        depth -= 1;
+                        j += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        if chars[j] == '\n' {
+                            out.push('\n');
+                        }
+                        j += 1;
+                    }
+                }
+                i = j;
             }
-            (false, _, _) => out.push(c),
+            'r' if !word_before(&out) && matches!(next, Some('#' | '"')) => {
+                let hashes = chars[i + 1..].iter().take_while(|&&c| c == '#').count();
+                if chars.get(i + 1 + hashes) != Some(&'"') {
+                    out.push(c);
+                    i += 1;
+                    continue;
+                }
+                out.push_str("\"\"");
+                let mut j = i + 2 + hashes;
+                while j < chars.len() {
+                    let closes = chars[j] == '"'
+                        && chars[j + 1..]
+                            .iter()
+                            .take(hashes)
+                            .filter(|&&c| c == '#')
+                            .count()
+                            == hashes;
+                    if closes {
+                        j += 1 + hashes;
+                        break;
+                    }
+                    if chars[j] == '\n' {
+                        out.push('\n');
+                    }
+                    j += 1;
+                }
+                i = j;
+            }
+            '"' => {
+                out.push_str("\"\"");
+                let mut j = i + 1;
+                while j < chars.len() && chars[j] != '"' {
+                    if chars[j] == '\n' {
+                        out.push('\n');
+                    }
+                    j += if chars[j] == '\\' { 2 } else { 1 };
+                }
+                i = j + 1;
+            }
+            '\'' => {
+                // A character literal is `'x'` or `'\…'`; anything else is a lifetime.
+                let close = match next {
+                    Some('\\') => chars[i + 2..]
+                        .iter()
+                        .position(|&c| c == '\'')
+                        .map(|at| i + 2 + at),
+                    Some(_) if chars.get(i + 2) == Some(&'\'') => Some(i + 2),
+                    _ => None,
+                };
+                match close {
+                    Some(end) => {
+                        out.push_str("' '");
+                        i = end + 1;
+                    }
+                    None => {
+                        out.push(c);
+                        i += 1;
+                    }
+                }
+            }
+            _ => {
+                out.push(c);
+                i += 1;
+            }
         }
     }
-    out
-}
-
-/// The source without comments, string literals and a trailing inline test module.
-fn code_of(text: &str) -> String {
-    let mut lines: Vec<String> = text
-        .lines()
-        .map(|line| without_strings(line.find("//").map_or(line, |at| &line[..at])))
-        .collect();
+    let mut lines: Vec<&str> = out.lines().collect();
     if let Some(at) = lines.windows(2).position(|pair| {
         pair[0].trim() == "#[cfg(test)]" && pair[1].trim_start().starts_with("mod ")
     }) {

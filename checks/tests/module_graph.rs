@@ -118,6 +118,30 @@ fn a_cycle_through_a_child_and_a_super_group_is_reported() {
 }
 
 #[test]
+fn literals_and_comments_make_no_edges_whatever_lines_they_span() {
+    // A message continued over lines holds `use` and braces; a raw string holds quotes; a
+    // character literal is a quote; a block comment spans lines. None of it is code: only
+    // `b`'s real import of `a` is an edge, and there is no cycle.
+    let a = concat!(
+        "pub fn f() -> String {\n",
+        "    let quote = '\"';\n",
+        "    format!(\"run `aws \\\n",
+        "     configure` and use the variables {} it prints \\\n",
+        "     use crate::b::{X, Y}\", quote)\n",
+        "}\n",
+        "pub const RAW: &str = r#\"use crate::b::Z; \"quoted\" \"#;\n",
+        "/* use crate::b::W;\n   still a comment */\n",
+        "fn g<'a>(s: &'a str) -> &'a str { s }\n",
+    );
+    let cycle = cycle_in(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        ("a.rs", a),
+        ("b.rs", "use crate::a::f;\npub struct X;\npub struct Y;\n"),
+    ]);
+    assert_eq!(cycle, None);
+}
+
+#[test]
 fn layers_without_a_cycle_pass() {
     let cycle = cycle_in(&[
         ("lib.rs", "mod a;\nmod b;\npub use b::Top;\n"),
