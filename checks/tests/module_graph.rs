@@ -1,4 +1,4 @@
-//! No library crate of the workspace has an import cycle between its modules.
+//! No crate of the workspace, library or program, has an import cycle between its modules.
 
 use std::path::PathBuf;
 
@@ -13,8 +13,9 @@ fn workspace_root() -> PathBuf {
         .join("..")
 }
 
-/// The workspace members with a library (`src/lib.rs`), from the root `Cargo.toml`.
-fn library_crates() -> Vec<PathBuf> {
+/// The workspace members with a library (`src/lib.rs`) or a program (`src/main.rs`), from the
+/// root `Cargo.toml`.
+fn crates_with_sources() -> Vec<PathBuf> {
     let root = workspace_root();
     let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("the root Cargo.toml");
     let members = manifest
@@ -27,16 +28,17 @@ fn library_crates() -> Vec<PathBuf> {
         .map(|member| member.trim().trim_matches('"'))
         .filter(|member| !member.is_empty())
         .map(|member| root.join(member))
-        .filter(|dir| dir.join("src/lib.rs").is_file())
+        .filter(|dir| dir.join("src/lib.rs").is_file() || dir.join("src/main.rs").is_file())
         .collect()
 }
 
 #[test]
-fn no_library_crate_has_an_import_cycle() {
-    let crates = library_crates();
+fn no_crate_has_an_import_cycle() {
+    let crates = crates_with_sources();
     assert!(
         crates.iter().any(|c| c.ends_with("core"))
-            && crates.iter().any(|c| c.ends_with("checkpoints")),
+            && crates.iter().any(|c| c.ends_with("checkpoints"))
+            && crates.iter().any(|c| c.ends_with("bench")),
         "the members list was not read: {crates:?}"
     );
     let cycles: Vec<String> = crates

@@ -64,7 +64,7 @@ pub use servers::{
     FaultProxy, azure_url, s3_delete_verbatim, s3_open_uploads, s3_put_verbatim, s3_url,
 };
 pub use sim_disk::SimulatedDisk;
-pub use suite::{Suite, failure_of, verdict};
+pub use suite::{Suite, failure_of, failure_of_in, verdict};
 pub use support::{Outcome, property_cases};
 
 /// A `main` that runs every conformance case for the harness expression `$harness`. The test

@@ -134,12 +134,23 @@ impl Suite {
     }
 }
 
-/// Runs `case` on `harness`, which must fail it, and returns the failure message: how a test
-/// shows that a deliberately broken backend cannot pass. `test` is as in [`Case::run`].
+/// Runs `case` on `harness`, which must fail it, and returns the failure message (which names
+/// the case): how a test shows that a deliberately broken backend cannot pass. For a case that
+/// re-runs its test in a child process, use [`failure_of_in`].
 ///
 /// # Panics
 /// When the case does not fail.
-pub fn failure_of<H: Harness>(harness: &H, case: Case, test: &str) -> String {
+pub fn failure_of<H: Harness>(harness: &H, case: Case) -> String {
+    failure_of_in(harness, case, case.name())
+}
+
+/// [`failure_of`] run by the test named `test` (as in [`Case::run`]): the libtest name a case
+/// that re-runs its test in a child process ([`Case::ProcessCrashAtEveryStep`]) must be given,
+/// and the name the failure message then uses.
+///
+/// # Panics
+/// When the case does not fail.
+pub fn failure_of_in<H: Harness>(harness: &H, case: Case, test: &str) -> String {
     match catch_unwind(AssertUnwindSafe(|| case.run(harness, test))) {
         Ok(outcome) => panic!("the broken backend passed `{test}`: {outcome:?}"),
         Err(panic) => panic_message(&*panic),

@@ -21,10 +21,12 @@ fn publishing_partial_data_fails_the_abort_case() {
     let message = failure_of(
         &broken(Defect::PublishesPartialWrites),
         Case::AbortOnDropLeavesNothing,
-        "abort_on_drop_leaves_nothing",
     );
     assert!(
-        message.contains("`abort_on_drop_leaves_nothing` failed"),
+        message.contains(&format!(
+            "`{}` failed",
+            Case::AbortOnDropLeavesNothing.name()
+        )),
         "{message}"
     );
     assert!(message.contains("after dropping a sink"), "{message}");
@@ -35,13 +37,11 @@ fn ignoring_create_new_fails_the_create_new_cases() {
     let message = failure_of(
         &broken(Defect::IgnoresCreateNew),
         Case::CreateNewRefusesExisting,
-        "create_new_refuses_existing",
     );
     assert!(message.contains("expected AlreadyExists"), "{message}");
     let message = failure_of(
         &broken(Defect::IgnoresCreateNew),
         Case::CreateNewRaceHasOneWinner,
-        "create_new_race_has_one_winner",
     );
     assert!(message.contains("writers won"), "{message}");
 }
@@ -51,10 +51,9 @@ fn swallowing_write_errors_fails_the_roundtrip_case() {
     let message = failure_of(
         &broken(Defect::SwallowsWriteErrors),
         Case::RoundtripMatchesWriter,
-        "roundtrip_matches_writer",
     );
     assert!(
-        message.contains("`roundtrip_matches_writer` failed"),
+        message.contains(&format!("`{}` failed", Case::RoundtripMatchesWriter.name())),
         "{message}"
     );
     assert!(message.contains("came back different"), "{message}");
@@ -66,10 +65,9 @@ fn a_failing_property_prints_the_seed_to_replay_it() {
     let message = failure_of(
         &broken(Defect::ServesStaleReads),
         Case::ModelBasedOperations,
-        "model_based_operations",
     );
     assert!(
-        message.contains("`model_based_operations` failed"),
+        message.contains(&format!("`{}` failed", Case::ModelBasedOperations.name())),
         "{message}"
     );
     assert!(message.contains("minimal input"), "{message}");
@@ -81,7 +79,6 @@ fn stale_reads_fail_the_overwrite_case() {
     let message = failure_of(
         &broken(Defect::ServesStaleReads),
         Case::OverwriteReplacesWhole,
-        "overwrite_replaces_whole",
     );
     assert!(message.contains("after overwrite 1"), "{message}");
 }
@@ -91,10 +88,12 @@ fn deleting_then_inserting_fails_the_readers_case() {
     let message = failure_of(
         &broken(Defect::DeletesThenInserts),
         Case::ReadersKeepTheirVersion,
-        "readers_keep_their_version",
     );
     assert!(
-        message.contains("`readers_keep_their_version` failed"),
+        message.contains(&format!(
+            "`{}` failed",
+            Case::ReadersKeepTheirVersion.name()
+        )),
         "{message}"
     );
     assert!(
@@ -108,7 +107,6 @@ fn failing_pending_with_io_fails_the_capabilities_case() {
     let message = failure_of(
         &broken(Defect::PendingFailsAsIo),
         Case::UndeclaredCapabilitiesAreUnsupported,
-        "undeclared_capabilities_are_unsupported",
     );
     assert!(
         message.contains("pending listing is not declared: expected Unsupported, got Io"),
@@ -121,7 +119,6 @@ fn listing_by_string_prefix_fails_the_model_case() {
     let message = failure_of(
         &broken(Defect::ListsByStringPrefix),
         Case::ModelBasedOperations,
-        "model_based_operations",
     );
     assert!(
         message.contains("but the committed containers are"),
@@ -134,10 +131,12 @@ fn refusing_unknown_content_fails_the_corrupt_case() {
     let message = failure_of(
         &broken(Defect::RefusesUnknownContent),
         Case::CorruptContainersFailCleanly,
-        "corrupt_containers_fail_cleanly",
     );
     assert!(
-        message.contains("`corrupt_containers_fail_cleanly` failed"),
+        message.contains(&format!(
+            "`{}` failed",
+            Case::CorruptContainersFailCleanly.name()
+        )),
         "{message}"
     );
     assert!(
@@ -188,7 +187,6 @@ fn a_writer_failing_while_readers_race_it_fails_the_readers_case_and_ends() {
     let message = failure_of(
         &broken(Defect::FailsAfterThreeCommits),
         Case::ReadersKeepTheirVersion,
-        "readers_keep_their_version",
     );
     assert!(message.contains("writer, round 1"), "{message}");
     assert!(message.contains("refuses writes"), "{message}");
@@ -199,7 +197,6 @@ fn listing_committed_containers_as_pending_fails_the_capabilities_case() {
     let message = failure_of(
         &broken(Defect::PendingListsCommitted),
         Case::UndeclaredCapabilitiesAreUnsupported,
-        "undeclared_capabilities_are_unsupported",
     );
     assert!(
         message.contains("no write is in progress, but pending() lists"),
@@ -209,11 +206,7 @@ fn listing_committed_containers_as_pending_fails_the_capabilities_case() {
 
 #[test]
 fn a_listing_of_one_page_fails_the_listing_case() {
-    let message = failure_of(
-        &broken(Defect::ListsOnePage),
-        Case::ListingSpansPages,
-        "listing_spans_pages",
-    );
+    let message = failure_of(&broken(Defect::ListsOnePage), Case::ListingSpansPages);
     assert!(message.contains("the listing gives 1000"), "{message}");
 }
 
@@ -222,7 +215,6 @@ fn a_source_with_one_shared_cursor_fails_the_shared_sources_case() {
     let message = failure_of(
         &broken(Defect::SharedCursor),
         Case::SourcesAreSharedBetweenThreads,
-        "sources_are_shared_between_threads",
     );
     assert!(
         message.contains("gave other bytes while other threads read the same source"),
@@ -235,13 +227,11 @@ fn ignoring_create_new_fails_the_interleaved_checkpoint_cases_every_time() {
     let message = failure_of(
         &broken(Defect::IgnoresCreateNew),
         Case::InterleavedSavesCommitOnce,
-        "interleaved_saves_commit_once",
     );
     assert!(message.contains("save 0 committing first"), "{message}");
     let message = failure_of(
         &broken(Defect::IgnoresCreateNew),
         Case::InterleavedRankRerunsKeepOnePart,
-        "interleaved_rank_reruns_keep_one_part",
     );
     assert!(
         message.contains("rank 0's part is stored 2 times"),
@@ -254,7 +244,6 @@ fn a_batched_read_refusing_empty_ranges_fails_the_batched_reads_case() {
     let message = failure_of(
         &broken(Defect::FetchRefusesEmptyRanges),
         Case::BatchedReadsMatchSingleReads,
-        "batched_reads_match_single_reads",
     );
     assert!(message.contains("fixed list 0: fetch of"), "{message}");
     assert!(message.contains("zero bytes"), "{message}");
@@ -265,7 +254,6 @@ fn a_batched_read_of_the_latest_version_fails_the_readers_case() {
     let message = failure_of(
         &broken(Defect::FetchReadsLatest),
         Case::ReadersKeepTheirVersion,
-        "readers_keep_their_version",
     );
     assert!(
         message.contains("fetched the tail of another version"),
@@ -275,11 +263,7 @@ fn a_batched_read_of_the_latest_version_fails_the_readers_case() {
 
 #[test]
 fn ignoring_deadlines_fails_the_deadline_case() {
-    let message = failure_of(
-        &broken(Defect::IgnoresDeadlines),
-        Case::DeadlinesAreKept,
-        "deadlines_are_kept",
-    );
+    let message = failure_of(&broken(Defect::IgnoresDeadlines), Case::DeadlinesAreKept);
     assert!(
         message.contains("committed after its deadline passed"),
         "{message}"
@@ -291,7 +275,6 @@ fn a_read_back_that_loses_committed_bytes_fails_the_read_back_case() {
     let message = failure_of(
         &broken(Defect::ReadBackLosesCommitted),
         Case::ReadBackFollowsWrites,
-        "read_back_follows_writes",
     );
     assert!(message.contains("after the commit"), "{message}");
 }
@@ -301,7 +284,6 @@ fn a_delete_by_string_prefix_fails_the_scope_case() {
     let message = failure_of(
         &broken(Defect::DeletesByStringPrefix),
         Case::DeletesAndListingsKeepToTheirKey,
-        Case::DeletesAndListingsKeepToTheirKey.name(),
     );
     assert!(
         message.contains("after delete(\"scope/m.bpk\"), scope/m.bpk.bak is gone"),
@@ -314,7 +296,6 @@ fn a_listing_that_stops_at_a_sibling_fails_the_scope_case() {
     let message = failure_of(
         &broken(Defect::ListsStopAtSibling),
         Case::DeletesAndListingsKeepToTheirKey,
-        Case::DeletesAndListingsKeepToTheirKey.name(),
     );
     assert!(
         message.contains("list(\"scope/runs/7\") gave []"),
@@ -394,7 +375,6 @@ fn pending_that_hides_writes_in_progress_fails_the_pending_case() {
     let message = failure_of(
         &PendingDefect::ListsOnlyAbandoned,
         Case::WritesInProgressArePending,
-        Case::WritesInProgressArePending.name(),
     );
     assert!(message.contains("is not listed by pending"), "{message}");
 }
@@ -404,7 +384,6 @@ fn cleaning_a_live_write_fails_the_cleaning_case() {
     let message = failure_of(
         &PendingDefect::CleansLiveWrites,
         Case::CleaningSparesWritesInProgress,
-        Case::CleaningSparesWritesInProgress.name(),
     );
     assert!(message.contains("removed a write in progress"), "{message}");
 }

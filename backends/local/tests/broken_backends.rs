@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
 use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
-use weightbay_conformance::{Case, FaultPlan, FaultyFileSystem, Harness, Outcome, failure_of};
+use weightbay_conformance::{
+    Case, FaultPlan, FaultyFileSystem, Harness, Outcome, failure_of, failure_of_in,
+};
 use weightbay_local::{LocalStorage, StdFileSystem};
 
 /// A file-system layer with one defect, as a backend's own file code might have.
@@ -251,10 +253,12 @@ fn writes_at_an_offset_that_append_fail_the_positioned_case() {
     let message = failure_of(
         &LocalWith::new(FsDefect::AppendsWritesAt),
         Case::PositionedWritesLandWhole,
-        "positioned_writes_land_whole",
     );
     assert!(
-        message.contains("`positioned_writes_land_whole` failed: after the commit"),
+        message.contains(&format!(
+            "`{}` failed: after the commit",
+            Case::PositionedWritesLandWhole.name()
+        )),
         "{message}"
     );
 }
@@ -264,7 +268,6 @@ fn writes_at_an_offset_that_stop_short_fail_the_positioned_case() {
     let message = failure_of(
         &LocalWith::new(FsDefect::WritesAtShort),
         Case::PositionedWritesLandWhole,
-        Case::PositionedWritesLandWhole.name(),
     );
     assert!(
         message.contains("large pieces") || message.contains("1.5 MiB"),
@@ -277,10 +280,12 @@ fn skipping_fsync_fails_the_power_loss_case() {
     let message = failure_of(
         &LocalWith::new(FsDefect::SkipsFsync),
         Case::PowerLossAtEveryOperation,
-        "power_loss_at_every_operation",
     );
     assert!(
-        message.contains("`power_loss_at_every_operation` failed"),
+        message.contains(&format!(
+            "`{}` failed",
+            Case::PowerLossAtEveryOperation.name()
+        )),
         "{message}"
     );
     assert!(message.contains("power lost after operation"), "{message}");
@@ -291,14 +296,14 @@ fn removing_before_renaming_fails_the_file_system_fault_case() {
     let harness = LocalWith::new(FsDefect::RemovesThenRenames);
     // The gap is never durable, so power loss cannot see it; a failed rename on a live system
     // can.
-    let _ = Case::PowerLossAtEveryOperation.run(&harness, "power_loss_at_every_operation");
-    let message = failure_of(
-        &harness,
-        Case::FileSystemFaultAtEveryOperation,
-        "file_system_fault_at_every_operation",
-    );
+    let power_loss = Case::PowerLossAtEveryOperation;
+    let _ = power_loss.run(&harness, power_loss.name());
+    let message = failure_of(&harness, Case::FileSystemFaultAtEveryOperation);
     assert!(
-        message.contains("`file_system_fault_at_every_operation` failed"),
+        message.contains(&format!(
+            "`{}` failed",
+            Case::FileSystemFaultAtEveryOperation.name()
+        )),
         "{message}"
     );
     assert!(message.contains("is missing but should hold"), "{message}");
@@ -309,7 +314,6 @@ fn rebuilding_errors_from_their_text_fails_the_file_system_fault_case() {
     let message = failure_of(
         &LocalWith::new(FsDefect::RewritesErrors),
         Case::FileSystemFaultAtEveryOperation,
-        "file_system_fault_at_every_operation",
     );
     assert!(message.contains("the error lost its cause"), "{message}");
 }
@@ -321,7 +325,7 @@ fn copying_instead_of_renaming_fails_the_process_crash_case() {
         module_path!(),
         "copying_instead_of_renaming_fails_the_process_crash_case",
     );
-    let message = failure_of(&harness, Case::ProcessCrashAtEveryStep, &this_test);
+    let message = failure_of_in(&harness, Case::ProcessCrashAtEveryStep, &this_test);
     // The case re-runs this test in its child, so the message names this test.
     assert!(
         message.contains(&format!("`{this_test}` failed")),
@@ -338,7 +342,6 @@ fn looking_before_renaming_fails_the_step_by_step_race() {
     let message = failure_of(
         &LocalWith::new(FsDefect::LooksThenRenames),
         Case::CreateNewRaceStepByStep,
-        "create_new_race_step_by_step",
     );
     assert!(
         message.contains("exactly one create-new must win"),

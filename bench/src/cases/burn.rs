@@ -13,7 +13,7 @@ use weightbay::{Error, ErrorKind, Result, Storage};
 use weightbay_burn::WeightbayStore;
 use weightbay_local::LocalStorage;
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::Start;
 
 #[derive(Module, Debug)]
@@ -69,7 +69,7 @@ pub(crate) fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
     let model = layers(&device);
     let bytes = 16 * 4096 * 4096 * 4;
     let dir = b.dir.join("burn");
-    std::fs::create_dir_all(&dir).map_err(crate::io("creating the burn directory"))?;
+    std::fs::create_dir_all(&dir).map_err(crate::harness::io("creating the burn directory"))?;
     let local: Arc<dyn Storage> = Arc::new(LocalStorage::new(&dir));
     let ours = || WeightbayStore::new(Arc::clone(&local), "ours.bpk").overwrite(true);
     let theirs = || BurnpackStore::from_file(dir.join("burn.bpk")).overwrite(true);

@@ -10,7 +10,7 @@ use weightbay::{Reader, Result, Writer};
 use weightbay_candle::WeightbayBackend;
 use weightbay_mmap::MmapStorage;
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::Start;
 
 fn candle_error(e: candle_core::Error) -> weightbay::Error {

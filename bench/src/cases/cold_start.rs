@@ -29,8 +29,8 @@ use weightbay_candle::WeightbayBackend;
 use weightbay_object_store::ObjectStorage;
 use weightbay_object_store::ObjectStoreOptions;
 
-use crate::Bench;
 use crate::cases::remote::{CONNECTION_BYTES_PER_SECOND, CONNECTIONS, throttled_storage};
+use crate::context::Bench;
 use crate::harness::{cpu_time, median, print_runs, touch};
 use crate::report::Row;
 use crate::rss::rss;

@@ -4,7 +4,7 @@ use std::hint::black_box;
 
 use weightbay::{Bytes, DType, Reader, Result, Tensor, Writer};
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::Start;
 
 pub(crate) fn into_bytes(b: &mut Bench<'_>) -> Result<()> {

@@ -15,7 +15,7 @@ use weightbay::{
 use weightbay_conformance::FaultProxy;
 use weightbay_object_store::{ObjectStorage, open_url_with_retry};
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::{Start, median, print_runs, timed};
 use crate::report::Row;
 

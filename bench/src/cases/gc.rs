@@ -9,7 +9,7 @@ use weightbay::{DType, Durability, Result, Tensor, Writer};
 use weightbay_checkpoints::Checkpoints;
 use weightbay_local::LocalStorage;
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::{Start, io, paired, timed};
 use crate::report::Row;
 

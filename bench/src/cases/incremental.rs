@@ -13,7 +13,7 @@ use weightbay_checkpoints::{Checkpoints, DEFAULT_CHUNK_LEN, Retention, SaveOptio
 use weightbay_conformance::strategies::noise;
 use weightbay_local::LocalStorage;
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::{Data, Start, io, median, paired, print_runs, timed};
 use crate::report::Row;
 

@@ -13,7 +13,7 @@ use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions};
 use weightbay_local::LocalStorage;
 use weightbay_mmap::MmapStorage;
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::{Start, io, median, paired, print_runs, timed};
 use crate::report::Row;
 

@@ -6,9 +6,9 @@ use std::io::Read;
 use weightbay::{Format, Reader, Result, Storage, Writer};
 use weightbay_mmap::MmapStorage;
 
+use crate::context::{Bench, save_big};
 use crate::harness::{Start, io, touch_all};
 use crate::peers::{self, dd};
-use crate::{Bench, save_big};
 
 /// The large checkpoint as `big.bpk` and `big.safetensors`, for the load cases.
 pub(crate) fn save_load_files(b: &Bench<'_>) -> Result<()> {

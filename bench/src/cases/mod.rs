@@ -12,6 +12,7 @@ pub(crate) mod load;
 pub(crate) mod object_store;
 pub(crate) mod ranks;
 pub(crate) mod remote;
+pub(crate) mod rss_probe;
 pub(crate) mod save;
 pub(crate) mod stall;
 pub(crate) mod tiered;

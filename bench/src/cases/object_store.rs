@@ -9,7 +9,7 @@ use weightbay::{CreateOptions, Error, Reader, Result, Storage, StorageExt, Write
 use weightbay_local::LocalStorage;
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::{Start, cpu_time, io, median, paired, print_runs, timed};
 use crate::peers::{RawUpload, boto3_transfer};
 use crate::report::Row;

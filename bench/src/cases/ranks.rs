@@ -14,8 +14,8 @@ use weightbay::{Error, ErrorKind, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, RankSave, Region};
 use weightbay_object_store::{Bridge, ObjectStorage};
 
-use crate::Bench;
 use crate::client::{RankClient, Retries};
+use crate::context::Bench;
 use crate::harness::{median, print_runs};
 use crate::report::Row;
 use crate::store::{PAGE, PrefixLimits, SlowStore};

@@ -16,8 +16,8 @@ use weightbay::{Format, Reader, Result, Writer};
 use weightbay_local::LocalStorage;
 use weightbay_object_store::{ObjectStorage, ObjectStoreOptions};
 
-use crate::Bench;
 use crate::cases::object_store::cp;
+use crate::context::Bench;
 use crate::harness::{median, print_runs, seconds, timed};
 use crate::report::Row;
 use crate::store::SlowStore;

@@ -2,11 +2,11 @@
 
 use weightbay::{Result, Writer};
 
+use crate::context::{Bench, save_big};
 use crate::harness::{Data, Start, io};
 use crate::peers;
 use crate::peers::dd;
 use crate::rss::rss_of;
-use crate::{Bench, save_big};
 
 pub(crate) fn durable_save(b: &mut Bench<'_>) -> Result<()> {
     let Bench {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use weightbay::{DType, Reader, Result, Tensor, Writer};
 use weightbay_object_store::{Bridge, ObjectStorage};
 
-use crate::Bench;
+use crate::context::Bench;
 use crate::harness::{io, median, print_runs};
 use crate::report::Row;
 

@@ -16,8 +16,8 @@ use weightbay_checkpoints::{
 use weightbay_local::LocalStorage;
 use weightbay_object_store::ObjectStoreOptions;
 
-use crate::Bench;
 use crate::cases::remote::{store_with, throttled_storage};
+use crate::context::Bench;
 use crate::harness::{Start, io, paired, print_runs, seconds, timed};
 use crate::report::Row;
 

@@ -6,7 +6,7 @@
 //! A third format is one new module with the same three functions (`looks_like`, `parse`,
 //! `plan`), a [`Format`] variant, and one match arm in each dispatcher: `Reader`'s detection
 //! and open, and `Writer`'s plan. The format modules depend on this one, never the reverse,
-//! and never on each other (`core/tests/module_graph.rs` fails on any import cycle).
+//! and never on each other (`checks/tests/module_graph.rs` fails on any import cycle).
 
 pub mod burnpack;
 pub mod safetensors;
