@@ -297,6 +297,7 @@ impl std::fmt::Debug for BeforeCreate {
     }
 }
 
+#[deny(clippy::missing_trait_methods)]
 impl Storage for BeforeCreate {
     fn capabilities(&self) -> weightbay::Capabilities {
         self.inner.capabilities()
@@ -315,6 +316,12 @@ impl Storage for BeforeCreate {
     }
     fn delete(&self, key: &str) -> weightbay::Result<()> {
         self.inner.delete(key)
+    }
+    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        self.inner.pending(prefix)
+    }
+    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        self.inner.clean_pending(prefix)
     }
     fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
         self.inner.list(prefix)

@@ -186,6 +186,7 @@ fn retention_keeps_the_last_n_every_kth_and_always_the_newest_complete() {
 #[derive(Debug)]
 struct ContainersUndeletable(MemoryStorage);
 
+#[deny(clippy::missing_trait_methods)]
 impl Storage for ContainersUndeletable {
     fn capabilities(&self) -> weightbay::Capabilities {
         self.0.capabilities()
@@ -202,6 +203,12 @@ impl Storage for ContainersUndeletable {
         } else {
             Err(Error::new(ErrorKind::Io, "deletes of containers fail here"))
         }
+    }
+    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        self.0.pending(prefix)
+    }
+    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        self.0.clean_pending(prefix)
     }
     fn list(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::Listed>> {
         self.0.list(prefix)

@@ -60,6 +60,7 @@ impl Sink for CountingSink {
     }
 }
 
+#[deny(clippy::missing_trait_methods)]
 impl Storage for Counting {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
@@ -80,6 +81,12 @@ impl Storage for Counting {
     }
     fn delete(&self, key: &str) -> Result<()> {
         self.inner.delete(key)
+    }
+    fn pending(&self, prefix: &str) -> Result<Vec<weightbay::PendingWrite>> {
+        self.inner.pending(prefix)
+    }
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<weightbay::PendingWrite>> {
+        self.inner.clean_pending(prefix)
     }
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.inner.list(prefix)

@@ -7,7 +7,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
 use weightbay::{
-    Capabilities, CreateOptions, Error, ErrorKind, Listed, Result, Sink, Source, Storage,
+    Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, Result, Sink, Source,
+    Storage,
 };
 
 /// How long a commit waits for the other writer before the case gives up on it.
@@ -90,6 +91,7 @@ struct Handle {
     id: usize,
 }
 
+#[deny(clippy::missing_trait_methods)]
 impl Storage for Handle {
     fn capabilities(&self) -> Capabilities {
         self.gate.inner.capabilities()
@@ -110,6 +112,12 @@ impl Storage for Handle {
     }
     fn delete(&self, key: &str) -> Result<()> {
         self.gate.inner.delete(key)
+    }
+    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.gate.inner.pending(prefix)
+    }
+    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
+        self.gate.inner.clean_pending(prefix)
     }
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.gate.inner.list(prefix)

@@ -135,6 +135,7 @@ impl Source for CountedSource {
     }
 }
 
+#[deny(clippy::missing_trait_methods)]
 impl Storage for Counting {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
@@ -153,6 +154,14 @@ impl Storage for Counting {
     fn delete(&self, key: &str) -> weightbay::Result<()> {
         self.count("delete");
         self.inner.delete(key)
+    }
+    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        self.count("pending");
+        self.inner.pending(prefix)
+    }
+    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        self.count("clean_pending");
+        self.inner.clean_pending(prefix)
     }
     fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
         self.count("list");

@@ -165,6 +165,7 @@ impl Source for CountingSource {
     }
 }
 
+#[deny(clippy::missing_trait_methods)]
 impl Storage for Counting {
     fn capabilities(&self) -> weightbay::Capabilities {
         weightbay::Capabilities::NONE
@@ -180,6 +181,22 @@ impl Storage for Counting {
     }
     fn delete(&self, key: &str) -> weightbay::Result<()> {
         self.inner.delete(key)
+    }
+    // It declares no capability: these answer as the contract says, on purpose.
+    fn pending(&self, _prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        Err(weightbay::Error::unsupported(
+            "this counting storage declares no capability",
+        ))
+    }
+    fn clean_pending(&self, _prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
+        Err(weightbay::Error::unsupported(
+            "this counting storage declares no capability",
+        ))
+    }
+    fn list(&self, _prefix: &str) -> weightbay::Result<Vec<weightbay::Listed>> {
+        Err(weightbay::Error::unsupported(
+            "this counting storage declares no capability",
+        ))
     }
 }
 
