@@ -124,11 +124,13 @@ impl Checkpoints {
         };
         let announced = Instant::now();
         let key = layout::announcement_key(&self.prefix, step, save_token);
+        // Atomic, not fsynced: it protects a writer that is running, and a power loss ends
+        // every writer of the machine it was on (a save that dies leaves nothing it needs).
         self.storage
             .write_new(
                 &key,
                 &encode(&announcement)?,
-                weightbay::Durability::Default,
+                weightbay::Durability::Flushed,
             )
             .map_err(|e| e.with_key(&key))?;
         Ok(announced)
