@@ -14,4 +14,4 @@ pub use crate::options::check_deadline;
 pub use crate::ranges::{check_jobs, check_range, check_ranges, check_written};
 pub use crate::reader::OPEN_PREFIX_LEN;
 pub use crate::reads::{fetch_views, read_at_parallel, read_in_order};
-pub use crate::storage::PIECE_LEN;
+pub use crate::storage::{PIECE_LEN, pad_with_zeros};

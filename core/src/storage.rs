@@ -177,14 +177,7 @@ pub trait Sink: Send {
     /// # Errors
     /// As [`write`](Self::write).
     fn pad(&mut self, len: u64) -> Result<()> {
-        const ZEROS: [u8; 4096] = [0; 4096];
-        let mut left = len;
-        while left > 0 {
-            let step = left.min(ZEROS.len() as u64);
-            self.write(&ZEROS[..step as usize])?;
-            left -= step;
-        }
-        Ok(())
+        pad_with_zeros(self, len)
     }
 
     /// Publishes everything written, atomically.
@@ -405,6 +398,23 @@ impl fmt::Display for PendingWrite {
         }
         Ok(())
     }
+}
+
+/// Writes `len` zero bytes through `sink`'s [`write`](Sink::write), 4 KiB at a time: what
+/// [`Sink::pad`] does unless a sink does better, and what a wrapper that must see the padding
+/// as bytes (to count or checksum them) names as its `pad`.
+///
+/// # Errors
+/// As [`Sink::write`].
+pub fn pad_with_zeros<S: Sink + ?Sized>(sink: &mut S, len: u64) -> Result<()> {
+    const ZEROS: [u8; 4096] = [0; 4096];
+    let mut left = len;
+    while left > 0 {
+        let step = left.min(ZEROS.len() as u64);
+        sink.write(&ZEROS[..step as usize])?;
+        left -= step;
+    }
+    Ok(())
 }
 
 /// A committed container, as [`Storage::list`] finds it.
