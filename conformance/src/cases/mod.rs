@@ -4,6 +4,7 @@
 
 pub mod checkpoints;
 pub mod crash;
+pub mod create_new;
 pub mod faults;
 pub mod incremental;
 pub mod memory;
