@@ -146,13 +146,20 @@ impl Checkpoints {
             .delete(&layout::announcement_key(&self.prefix, step, token));
     }
 
+    /// How long after announcing a writer may still rely on its announcement when it writes
+    /// its record: five sixths of the lease, since a gc pass deletes for up to a sixth of it
+    /// after reading the announcements.
+    pub(crate) fn commit_window(&self) -> std::time::Duration {
+        self.lease - self.lease / 6
+    }
+
     /// Fails unless an announcement made at `announced` is young enough for every gc to
     /// honour it still.
     pub(crate) fn check_lease(&self, announced: Option<Instant>) -> Result<()> {
         let Some(announced) = announced else {
             return Ok(());
         };
-        let limit = self.lease - self.lease / 6;
+        let limit = self.commit_window();
         if announced.elapsed() < limit {
             return Ok(());
         }

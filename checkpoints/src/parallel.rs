@@ -8,7 +8,8 @@ use weightbay::{Error, ErrorKind, Result};
 const PARALLEL_REQUESTS: usize = 64;
 
 /// `request` of every item, in order, made on up to [`PARALLEL_REQUESTS`] threads; the first
-/// error in that order, if any.
+/// error in that order, if any. A request that panics is an [`ErrorKind::Io`] error for its
+/// item and the ones after it on its thread, not a panic of the caller.
 pub(crate) fn each<T, R, F>(items: &[T], request: F) -> Result<Vec<R>>
 where
     T: Sync,
@@ -22,12 +23,21 @@ where
     let mut results: Vec<Option<Result<R>>> = (0..items.len()).map(|_| None).collect();
     std::thread::scope(|scope| {
         let request = &request;
-        for (out, items) in results.chunks_mut(per_thread).zip(items.chunks(per_thread)) {
-            scope.spawn(move || {
-                for (slot, item) in out.iter_mut().zip(items) {
-                    *slot = Some(request(item));
-                }
-            });
+        let threads: Vec<_> = results
+            .chunks_mut(per_thread)
+            .zip(items.chunks(per_thread))
+            .map(|(out, items)| {
+                scope.spawn(move || {
+                    for (slot, item) in out.iter_mut().zip(items) {
+                        *slot = Some(request(item));
+                    }
+                })
+            })
+            .collect();
+        // Joined here, so a panic is taken (its slots stay empty) instead of re-raised when
+        // the scope ends.
+        for thread in threads {
+            let _ = thread.join();
         }
     });
     results
@@ -53,5 +63,10 @@ mod tests {
         });
         assert!(failed.unwrap_err().to_string().contains("item 69"));
         assert!(each(&[] as &[u32], |&i| Ok(i)).unwrap().is_empty());
+        let panicked = each(&items, |&i| {
+            assert!(i != 150, "a request that panics");
+            Ok(i)
+        });
+        assert_eq!(panicked.unwrap_err().kind(), ErrorKind::Io);
     }
 }

@@ -543,8 +543,7 @@ impl Checkpoints {
         // No record may name a container a gc pass removed after its rank's announcement ran
         // out (a rank that finished long before the last one, or one that did not announce).
         // A young announcement keeps the rest until this record is written.
-        let young = self.lease - self.lease / 6;
-        let young_ms = u64::try_from(young.as_millis()).unwrap_or(u64::MAX);
+        let young_ms = u64::try_from(self.commit_window().as_millis()).unwrap_or(u64::MAX);
         let now = now_unix_ms();
         let unprotected: Vec<ContainerRecord> = manifests
             .iter()

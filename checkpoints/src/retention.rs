@@ -232,9 +232,10 @@ impl Checkpoints {
     ///    announcements, *then* lists the records again and reads the ones that are new. It
     ///    deletes only keys of its first listing, and keeps every container a record it read
     ///    names or refers to, every container an announcement names and everything in an
-    ///    announced save's directory, unless the announcement's save committed before the
-    ///    pass began (its record protects what it needs) or the announcement is older than
-    ///    the lease; those announcements it removes.
+    ///    announced save's directory, unless the announcement's step has a record (its save
+    ///    committed, and the record protects what it needs, or can no longer commit, since
+    ///    the record's create-new would fail it), the pass retires that step, or the
+    ///    announcement is older than the lease; those announcements it removes.
     ///
     /// A container in the pass's first listing was written after its save's announcement,
     /// so the pass lists that announcement, or the save had removed it, committed, and its
@@ -242,8 +243,9 @@ impl Checkpoints {
     /// announced after the pass's first reading, so it read its base's record after that;
     /// the record was then there in the pass's second reading (only a pass deletes records),
     /// so the pass kept what it refers to. A save whose announcement the pass listed is kept
-    /// by it; if the announcement was past its lease, the save had committed before the
-    /// listing and its record is in the second reading.
+    /// by it; if the announcement was past its lease, an incremental save or a copy had
+    /// committed before the listing and its record is in the second reading (a full save or a
+    /// rank past its lease is covered by its check before its record instead).
     ///
     /// # Errors
     /// [`ErrorKind::Corrupt`] naming an announcement of an unknown version (it may protect

@@ -37,7 +37,13 @@ fn expand(tree: &str) -> Vec<String> {
         return vec![path.to_owned()];
     };
     let prefix = tree[..open].trim_end_matches("::");
-    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    // A group closes after it opens; text that does not (no code, but a check must not panic
+    // on it) is read to its end.
+    let close = tree
+        .rfind('}')
+        .filter(|&close| close > open)
+        .unwrap_or(tree.len());
+    let inner = &tree[open + 1..close];
     let mut parts = Vec::new();
     let (mut depth, mut start) = (0, 0);
     for (i, c) in inner.char_indices() {
