@@ -6,6 +6,7 @@
 mod cases;
 mod client;
 mod context;
+mod cuda;
 mod harness;
 mod peers;
 mod report;
@@ -99,6 +100,7 @@ pub(crate) const CASES: &[Case] = &[
     ),
     (&["tiered save", "tiered loop"], cases::tiered::tiered_cases),
     (&["gc among planted objects"], cases::gc::gc_cases),
+    (&["staging into device memory"], cases::device::device_cases),
 ];
 
 fn run(args: &Args) -> Result<()> {

@@ -3,6 +3,7 @@
 pub(crate) mod burn;
 pub(crate) mod candle;
 pub(crate) mod cold_start;
+pub(crate) mod device;
 pub(crate) mod encode;
 pub(crate) mod faults;
 pub(crate) mod gc;
