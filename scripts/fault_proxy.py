@@ -32,6 +32,19 @@ and talks to 127.0.0.1:N as if it were the server. Faults (all optional):
     "rate_limit": {"per_second": 3500, "depth": 2}
                                    requests beyond `per_second` in one second for one key
                                    prefix (the first `depth` path segments) answered 503
+    "hold_share": 0.08             share of requests forwarded and served whose response is
+                                   then held: nothing is sent until the client hangs up
+    "half_body_stall_share": 0.05  share of responses that stop after half their body and
+                                   send nothing more until the client hangs up
+    "drip_share": 0.05             share of responses whose body trickles at `drip_bytes_per_s`
+    "drip_bytes_per_s": 16         (default 16) after its first half comes at full speed
+    "slow_first_byte_share": 0.05  share of responses sent only after `slow_first_byte_s`
+    "slow_first_byte_s": 5         (default 5) seconds
+    "share_methods": ["GET"]       the five shares above apply only to requests of these methods
+                                   (default: all)
+    "bandwidth_bytes_per_s": N     every response body and every request body is carried at
+                                   no more than N bytes a second per connection: a uniformly
+                                   slow link, which no client should take for a stall
 
 Everything listens on 127.0.0.1 only. Each proxy counts what it did: requests, forwarded,
 and each fault injected.
@@ -130,7 +143,8 @@ class Proxy:
         self.random = random.Random(faults.get("seed", 0))
         self.lock = threading.Lock()
         self.counts = {"requests": 0, "forwarded": 0, "status": 0, "reset": 0, "request_reset": 0,
-                       "stalled": 0, "failed": 0, "rate_limited": 0}
+                       "stalled": 0, "failed": 0, "rate_limited": 0, "held": 0,
+                       "half_body_stalled": 0, "dripped": 0, "slow_first_byte": 0}
         self.stalls_left = (faults.get("stall") or {}).get("times", 0)
         self.fails_left = (faults.get("fail") or {}).get("times", 0)
         self.cuts_left = (faults.get("cut") or {}).get("times", 0)
@@ -147,9 +161,12 @@ class Proxy:
         with self.lock:
             self.counts[what] += 1
 
-    def draw(self, share_key):
+    def draw(self, share_key, method=None):
         share = self.faults.get(share_key, 0)
         if not share:
+            return False
+        methods = self.faults.get("share_methods")
+        if method is not None and methods is not None and method not in methods:
             return False
         with self.lock:
             return self.random.random() < share
@@ -214,15 +231,12 @@ class Proxy:
                     self.count("request_reset")
                     reset(client)
                     return
+                started = time.monotonic()
                 body = read_body(reader, headers)
+                self.pace(started, len(body))
                 if self.take("stall", "stalls_left", request_line):
                     self.count("stalled")
-                    # No answer: wait until the client hangs up (or max_stall_s passes).
-                    try:
-                        while reader.read(1):
-                            pass
-                    except OSError:
-                        pass
+                    self.hold(reader)
                     return
                 failure = self.take("fail", "fails_left", request_line)
                 if failure:
@@ -271,6 +285,24 @@ class Proxy:
                 out_headers = [(k, v) for k, v in response.getheaders() if k.lower() not in dropped]
                 cut = method != "HEAD" and len(payload) > 1 and (
                     self.take("cut", "cuts_left", request_line) or self.draw("reset_share"))
+                if self.draw("hold_share", method):
+                    self.count("held")
+                    self.hold(reader)
+                    return
+                if self.draw("slow_first_byte_share", method):
+                    self.count("slow_first_byte")
+                    time.sleep(self.faults.get("slow_first_byte_s", 5))
+                shape = None
+                if method != "HEAD" and len(payload) > 1 and not cut:
+                    if self.draw("half_body_stall_share", method):
+                        shape = "half_body_stalled"
+                    elif self.draw("drip_share", method):
+                        shape = "dripped"
+                if shape:
+                    self.count(shape)
+                    self.answer(client, response.status, payload, out_headers,
+                                reason=response.reason, shape=shape, reader=reader)
+                    return
                 self.answer(client, response.status, payload, out_headers, reason=response.reason,
                             cut=cut, head=method == "HEAD")
                 if cut:
@@ -286,7 +318,37 @@ class Proxy:
             except OSError:
                 pass
 
-    def answer(self, client, status, body, headers=(), reason=None, cut=False, head=False):
+    @staticmethod
+    def hold(reader):
+        """Sends nothing more: waits until the client hangs up (or max_stall_s passes)."""
+        try:
+            while reader.read(1):
+                pass
+        except OSError:
+            pass
+
+    def pace(self, started, length):
+        """Holds a transfer of `length` bytes begun at `started` to the bandwidth cap."""
+        cap = self.faults.get("bandwidth_bytes_per_s")
+        if cap:
+            left = started + length / cap - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+
+    def send(self, client, data):
+        """Sends `data`, at no more than the bandwidth cap."""
+        cap = self.faults.get("bandwidth_bytes_per_s")
+        if not cap:
+            client.sendall(data)
+            return
+        chunk = max(1, cap // 20)
+        started = time.monotonic()
+        for at in range(0, len(data), chunk):
+            client.sendall(data[at:at + chunk])
+            self.pace(started, at + chunk)
+
+    def answer(self, client, status, body, headers=(), reason=None, cut=False, head=False,
+               shape=None, reader=None):
         reason = reason or REASONS.get(status, "Error")
         lines = ["HTTP/1.1 %d %s" % (status, reason)]
         lines += ["%s: %s" % (k, v) for k, v in headers]
@@ -298,10 +360,19 @@ class Proxy:
         if head:
             client.sendall(data)
         elif cut:
-            client.sendall(data + body[: len(body) // 2])
+            self.send(client, data + body[: len(body) // 2])
             reset(client)
+        elif shape == "half_body_stalled":
+            self.send(client, data + body[: len(body) // 2])
+            self.hold(reader)
+        elif shape == "dripped":
+            self.send(client, data + body[: len(body) // 2])
+            rate = self.faults.get("drip_bytes_per_s", 16)
+            for at in range(len(body) // 2, len(body), rate):
+                client.sendall(body[at:at + rate])
+                time.sleep(1)
         else:
-            client.sendall(data + body)
+            self.send(client, data + body)
 
 
 class Control:

@@ -95,7 +95,13 @@ pub(crate) const CASES: &[Case] = &[
         cases::ranks::ranks_cases,
     ),
     (
-        &["faulty store", "stalled part"],
+        &[
+            cases::faults::FAULT_SETS[0].case,
+            cases::faults::FAULT_SETS[1].case,
+            cases::faults::FAULT_SETS[2].case,
+            cases::faults::FAULT_SETS[3].case,
+            "stalled part",
+        ],
         cases::faults::fault_cases,
     ),
     (&["tiered save", "tiered loop"], cases::tiered::tiered_cases),

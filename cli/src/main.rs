@@ -177,6 +177,22 @@ fn restarting<T>(what: &str, attempt: impl FnMut() -> Result<T>) -> Result<T> {
     })
 }
 
+/// Says how many requests stall detection cut (and object_store retried) in the stores of
+/// `locations`, when it cut any.
+fn report_stalls(locations: &[&Location]) {
+    let cut: u64 = locations
+        .iter()
+        .filter_map(|location| location.stall_watch.as_ref())
+        .map(|watch| watch.counts().cut())
+        .sum();
+    if cut > 0 {
+        eprintln!(
+            "{cut} stalled request{} cut and retried (stall detection; WEIGHTBAY_STALL_DETECTION=off turns it off)",
+            if cut == 1 { " was" } else { "s were" }
+        );
+    }
+}
+
 /// Resolves a path or URL the user gave.
 fn locate(input: &str) -> Result<Location> {
     Location::parse_with_retry(input, retry())
@@ -264,65 +280,70 @@ fn run(command: Command) -> Result<ExitCode> {
             materialize,
         } => {
             let (from, to) = (locate(&src)?, locate(&dst)?);
-            let mode = if no_clobber {
-                WriteMode::CreateNew
-            } else {
-                WriteMode::Overwrite
-            };
-            if let Target::Checkpoints(source) = resolve(&from)? {
-                let steps = target::chosen(&source, step, all)?;
-                if materialize {
-                    let format = format.map(|f| match f {
-                        FormatArg::Burnpack => Format::Burnpack,
-                        FormatArg::Safetensors => Format::Safetensors,
-                    });
-                    return materialize_checkpoint(&source, steps[0], &to, format, mode, &dst);
+            // The copy's own returns end this closure, so the stalls are reported either way.
+            let copied = (|| -> Result<ExitCode> {
+                let mode = if no_clobber {
+                    WriteMode::CreateNew
+                } else {
+                    WriteMode::Overwrite
+                };
+                if let Target::Checkpoints(source) = resolve(&from)? {
+                    let steps = target::chosen(&source, step, all)?;
+                    if materialize {
+                        let format = format.map(|f| match f {
+                            FormatArg::Burnpack => Format::Burnpack,
+                            FormatArg::Safetensors => Format::Safetensors,
+                        });
+                        return materialize_checkpoint(&source, steps[0], &to, format, mode, &dst);
+                    }
+                    return copy_checkpoints(&source, &to, &steps, &dst);
                 }
-                return copy_checkpoints(&source, &to, &steps, &dst);
-            }
-            let ((tensors, len), format) = restarting(&src, || {
-                let became_prefix = || {
-                    weightbay::Error::new(
-                        ErrorKind::Changed,
-                        "the source became a checkpoint prefix",
-                    )
-                };
-                let resolved = resolve(&from)?;
-                let source_format = match &resolved {
-                    Target::Container(reader) => reader.format(),
-                    Target::Sharded(shards) => {
-                        shards.first().map_or(Format::Burnpack, |(_, r)| r.format())
-                    }
-                    Target::Checkpoints(_) => return Err(became_prefix()),
-                };
-                let format = match format {
-                    Some(FormatArg::Burnpack) => Format::Burnpack,
-                    Some(FormatArg::Safetensors) => Format::Safetensors,
-                    None => Format::from_file_name(to.file_name()).unwrap_or(source_format),
-                };
-                let tensors = match resolved {
-                    Target::Container(reader) if format == source_format => {
-                        let len = copy_bytes(reader.source().as_ref(), &to, mode)?;
-                        return Ok(((reader.tensors().len(), len), format));
-                    }
-                    Target::Container(reader) => reader.to_writer(),
-                    Target::Sharded(shards) => Writer::new(target::merged_tensors(&shards)?),
-                    Target::Checkpoints(_) => return Err(became_prefix()),
-                };
-                let writer = tensors
-                    .with_format(format)
-                    .with_mode(mode)
-                    .with_cancel(Arc::clone(&INTERRUPTED));
-                let storage = progress::Counting::new(Arc::clone(&to.storage), writer.size()?);
-                let summary = writer.write_to(&storage, &to.key)?;
-                storage.finish();
-                Ok(((summary.tensors, summary.len), format))
-            })?;
-            eprintln!(
-                "copied {tensors} tensors, {len} bytes, as {format}, to {}",
-                escaped(&dst)
-            );
-            Ok(ExitCode::SUCCESS)
+                let ((tensors, len), format) = restarting(&src, || {
+                    let became_prefix = || {
+                        weightbay::Error::new(
+                            ErrorKind::Changed,
+                            "the source became a checkpoint prefix",
+                        )
+                    };
+                    let resolved = resolve(&from)?;
+                    let source_format = match &resolved {
+                        Target::Container(reader) => reader.format(),
+                        Target::Sharded(shards) => {
+                            shards.first().map_or(Format::Burnpack, |(_, r)| r.format())
+                        }
+                        Target::Checkpoints(_) => return Err(became_prefix()),
+                    };
+                    let format = match format {
+                        Some(FormatArg::Burnpack) => Format::Burnpack,
+                        Some(FormatArg::Safetensors) => Format::Safetensors,
+                        None => Format::from_file_name(to.file_name()).unwrap_or(source_format),
+                    };
+                    let tensors = match resolved {
+                        Target::Container(reader) if format == source_format => {
+                            let len = copy_bytes(reader.source().as_ref(), &to, mode)?;
+                            return Ok(((reader.tensors().len(), len), format));
+                        }
+                        Target::Container(reader) => reader.to_writer(),
+                        Target::Sharded(shards) => Writer::new(target::merged_tensors(&shards)?),
+                        Target::Checkpoints(_) => return Err(became_prefix()),
+                    };
+                    let writer = tensors
+                        .with_format(format)
+                        .with_mode(mode)
+                        .with_cancel(Arc::clone(&INTERRUPTED));
+                    let storage = progress::Counting::new(Arc::clone(&to.storage), writer.size()?);
+                    let summary = writer.write_to(&storage, &to.key)?;
+                    storage.finish();
+                    Ok(((summary.tensors, summary.len), format))
+                })?;
+                eprintln!(
+                    "copied {tensors} tensors, {len} bytes, as {format}, to {}",
+                    escaped(&dst)
+                );
+                Ok(ExitCode::SUCCESS)
+            })();
+            report_stalls(&[&from, &to]);
+            copied
         }
         Command::Ls { url, durable: None } => {
             let checkpoints = checkpoints_at(&url)?;

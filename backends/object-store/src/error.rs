@@ -2,6 +2,8 @@
 
 use weightbay::{Error, ErrorKind};
 
+use crate::stall::Stalled;
+
 /// Converts an `object_store` error, naming what was being done.
 pub(crate) fn convert(what: impl Into<String>, error: object_store::Error) -> Error {
     let kind =
@@ -34,12 +36,19 @@ pub(crate) fn answer_lost(error: &object_store::Error) -> bool {
 /// How a request failed in transport, in words, when it did: object_store's own text then
 /// says "error sending request" for a request that timed out, which hides that the store
 /// never answered.
-fn transport_failure(error: &object_store::Error) -> Option<&'static str> {
+fn transport_failure(error: &object_store::Error) -> Option<String> {
     use object_store::client::{HttpError, HttpErrorKind};
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = cause {
         if let Some(http) = error.downcast_ref::<HttpError>() {
-            return Some(match http.kind() {
+            let stalled = std::error::Error::source(http).and_then(|e| e.downcast_ref::<Stalled>());
+            if let Some(stalled) = stalled {
+                return Some(format!(
+                    "{stalled}; stall detection cut the request (ObjectStoreOptions::stall_detection) \
+                     and the retries ran out"
+                ));
+            }
+            let how = match http.kind() {
                 HttpErrorKind::Timeout => {
                     "the store did not answer within the request timeout (object_store's \
                      `timeout`, 30 s unless set)"
@@ -47,7 +56,8 @@ fn transport_failure(error: &object_store::Error) -> Option<&'static str> {
                 HttpErrorKind::Connect => "the store could not be reached",
                 HttpErrorKind::Interrupted => "the connection was cut mid-request",
                 _ => "the request or its answer was lost in transport",
-            });
+            };
+            return Some(how.to_owned());
         }
         cause = error.source();
     }

@@ -38,6 +38,7 @@
 #[cfg(feature = "aws")]
 mod aws_profile;
 mod error;
+mod http_client;
 mod journal;
 mod landed;
 mod location;
@@ -47,14 +48,17 @@ mod runtime;
 mod s3_lister;
 mod sink;
 mod source;
+mod stall;
 mod storage;
 mod throttle;
 mod url;
 
+pub use http_client::http_connector;
 pub use location::Location;
-pub use options::{MAX_PARTS, MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR};
+pub use options::{MAX_PARTS, MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR, StallDetection};
 pub use runtime::Bridge;
 pub use source::ObjectSource;
+pub use stall::{StallCounts, StallWatch};
 pub use storage::ObjectStorage;
 pub use throttle::{Throttle, ThrottleCounts};
 pub use url::{open_url, open_url_with_retry};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use weightbay::{Error, Result, Storage};
 use weightbay_local::LocalStorage;
 
+use crate::stall::StallWatch;
 use crate::url::{Retry, open_url_with};
 
 /// A storage and the key of one checkpoint in it, plus how to name it in messages.
@@ -27,6 +28,9 @@ pub struct Location {
     pub key: String,
     /// The store, as the user wrote it (credentials never appear in URLs we accept).
     pub store: String,
+    /// What finds the store's stalled requests, and counts those it cut: an object store
+    /// [`open_url`](crate::open_url) built (S3, GCS, Azure); `None` for the others.
+    pub stall_watch: Option<Arc<StallWatch>>,
 }
 
 impl Location {
@@ -88,6 +92,7 @@ impl Location {
                     })?;
                 let storage = open_url_with(store, std::iter::empty::<(&str, &str)>(), retry)?;
                 Ok(Self {
+                    stall_watch: storage.stall_watch().cloned(),
                     storage: Arc::new(storage),
                     key: key.to_owned(),
                     store: store.to_owned(),
@@ -114,6 +119,7 @@ impl Location {
             storage: Arc::new(LocalStorage::new(directory)),
             key,
             store,
+            stall_watch: None,
         })
     }
 

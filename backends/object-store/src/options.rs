@@ -55,6 +55,77 @@ pub struct ObjectStoreOptions {
     /// Default `None`: a write ends when its requests do (each retried as object_store's
     /// `RetryConfig` says).
     pub save_timeout: Option<Duration>,
+    /// How requests that stopped are found and cut before the request timeout (see
+    /// [`StallWatch`](crate::StallWatch)); `None` turns it off. Default
+    /// [`StallDetection::DEFAULT`]. Applies to the stores [`open_url`](crate::open_url) builds
+    /// (S3, GCS, Azure), whose HTTP client it watches.
+    pub stall_detection: Option<StallDetection>,
+}
+
+/// How [stall detection](crate::StallWatch) judges a request, and how many reads it hedges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StallDetection {
+    /// No request is cut sooner than this, and a body's rate is judged over this much waiting.
+    /// Default 2 s.
+    pub floor: Duration,
+    /// A request may take this many times what the store's recent answers lead to expect.
+    /// Default 4.
+    pub factor: u32,
+    /// The slowest a body may come, in bytes a second over [`floor`](Self::floor) of waiting,
+    /// before it counts as a trickle. Default 256 KiB/s (2 Mbit/s): far under any link a
+    /// checkpoint crosses, far over a stalled server's drip.
+    pub min_body_rate: u64,
+    /// Hedged reads: a ranged GET whose answer has not begun once the store's recent GETs had
+    /// (their 95th percentile of time to first byte) is sent a second time, and the first
+    /// answer is taken, the other dropped. At most this many in a hundred ranged GETs are
+    /// sent twice; 0 turns hedging off. Both copies carry the same ETag condition, so they
+    /// read the same bytes. Default 5.
+    pub hedged_reads_percent: u32,
+}
+
+impl StallDetection {
+    /// The defaults each field documents.
+    pub const DEFAULT: Self = Self {
+        floor: Duration::from_secs(2),
+        factor: 4,
+        min_body_rate: 256 * 1024,
+        hedged_reads_percent: 5,
+    };
+
+    /// Sets [`floor`](Self::floor).
+    #[must_use]
+    pub const fn with_floor(mut self, floor: Duration) -> Self {
+        self.floor = floor;
+        self
+    }
+
+    /// Sets [`factor`](Self::factor).
+    #[must_use]
+    pub const fn with_factor(mut self, factor: u32) -> Self {
+        self.factor = factor;
+        self
+    }
+
+    /// Sets [`hedged_reads_percent`](Self::hedged_reads_percent).
+    #[must_use]
+    pub const fn with_hedged_reads_percent(mut self, percent: u32) -> Self {
+        self.hedged_reads_percent = percent;
+        self
+    }
+
+    /// Sets [`min_body_rate`](Self::min_body_rate).
+    #[must_use]
+    pub const fn with_min_body_rate(mut self, bytes_per_second: u64) -> Self {
+        self.min_body_rate = bytes_per_second;
+        self
+    }
+}
+
+impl Default for StallDetection {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 impl Default for ObjectStoreOptions {
@@ -73,6 +144,7 @@ impl ObjectStoreOptions {
         fetch_request_len: Some(16 * 1024 * 1024),
         stale_after: Duration::from_secs(3600),
         save_timeout: None,
+        stall_detection: Some(StallDetection::DEFAULT),
     };
 
     /// Sets [`part_size`](Self::part_size).
@@ -121,6 +193,13 @@ impl ObjectStoreOptions {
     #[must_use]
     pub const fn with_save_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.save_timeout = timeout;
+        self
+    }
+
+    /// Sets [`stall_detection`](Self::stall_detection).
+    #[must_use]
+    pub const fn with_stall_detection(mut self, stall_detection: Option<StallDetection>) -> Self {
+        self.stall_detection = stall_detection;
         self
     }
 

@@ -18,6 +18,7 @@ use crate::runtime::Bridge;
 use crate::s3_lister::S3Lister;
 use crate::sink::{ObjectSink, SinkContext};
 use crate::source::ObjectSource;
+use crate::stall::StallWatch;
 use crate::throttle::Throttle;
 
 /// Containers as objects under a prefix of any `object_store` store.
@@ -46,6 +47,8 @@ pub struct ObjectStorage {
     pub(crate) options: ObjectStoreOptions,
     /// The pace its requests keep, when [`open_url`](crate::open_url) made it.
     throttle: Option<Arc<Throttle>>,
+    /// What finds its stalled requests, when [`open_url`](crate::open_url) made it.
+    stall_watch: Option<Arc<StallWatch>>,
 }
 
 impl std::fmt::Debug for ObjectStorage {
@@ -56,6 +59,7 @@ impl std::fmt::Debug for ObjectStorage {
             .field("prefix", &self.prefix)
             .field("options", &self.options)
             .field("throttle", &self.throttle)
+            .field("stall_watch", &self.stall_watch)
             .finish_non_exhaustive()
     }
 }
@@ -95,6 +99,7 @@ impl ObjectStorage {
             bridge,
             options: ObjectStoreOptions::default(),
             throttle: None,
+            stall_watch: None,
         }
     }
 
@@ -109,15 +114,21 @@ impl ObjectStorage {
         Ok(self)
     }
 
-    /// Sets the tuning options.
+    /// Sets the tuning options. Their [`stall_detection`](ObjectStoreOptions::stall_detection)
+    /// goes to the storage's [`StallWatch`], and so to every storage of the same
+    /// [`open_url`](crate::open_url) call.
     #[must_use]
     pub fn with_options(mut self, options: ObjectStoreOptions) -> Self {
         self.options = options;
+        if let Some(watch) = &self.stall_watch {
+            watch.set(options.stall_detection);
+        }
         self
     }
 
     /// Records the [`Throttle`] the store's requests go through (built into the store with
-    /// [`Throttle::connector`]), so [`throttle`](Self::throttle) can report it.
+    /// [`http_connector`](crate::http_connector)), so [`throttle`](Self::throttle) can report
+    /// it.
     #[must_use]
     pub fn with_throttle(mut self, throttle: Arc<Throttle>) -> Self {
         self.throttle = Some(throttle);
@@ -127,6 +138,22 @@ impl ObjectStorage {
     /// The pace the store's requests keep under throttling, when known.
     pub fn throttle(&self) -> Option<&Arc<Throttle>> {
         self.throttle.as_ref()
+    }
+
+    /// Records the [`StallWatch`] the store's requests go through (built into the store with
+    /// [`http_connector`](crate::http_connector)), so [`stall_watch`](Self::stall_watch) can
+    /// report it; it takes this storage's
+    /// [`stall_detection`](ObjectStoreOptions::stall_detection).
+    #[must_use]
+    pub fn with_stall_watch(mut self, watch: Arc<StallWatch>) -> Self {
+        watch.set(self.options.stall_detection);
+        self.stall_watch = Some(watch);
+        self
+    }
+
+    /// What finds the store's stalled requests, and what it cut, when known.
+    pub fn stall_watch(&self) -> Option<&Arc<StallWatch>> {
+        self.stall_watch.as_ref()
     }
 
     /// The tuning options.

@@ -16,12 +16,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use object_store::ClientOptions;
-use object_store::client::{
-    HttpClient, HttpConnector, HttpError, HttpRequest, HttpResponse, HttpService, ReqwestConnector,
-};
-
 /// The lowest rate a throttle falls to, in requests per second: a store that throttles even
 /// this is retried by object_store's backoff alone.
 const MIN_RATE: f64 = 1.0;
@@ -94,19 +88,13 @@ impl Throttle {
         self.lock().counts
     }
 
-    /// An HTTP connector for object_store's builders (`with_http_connector`) whose requests go
-    /// through this throttle.
-    pub fn connector(self: &Arc<Self>) -> impl HttpConnector {
-        ThrottledConnector(Arc::clone(self))
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, Pace> {
         self.pace.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits for a request's turn at the current pace and returns when it went: what an HTTP
-    /// client of its own does before each request (the [`connector`](Self::connector)'s client
-    /// does it for object_store's). Report the answer with [`observe`](Self::observe).
+    /// client of its own does before each request ([`http_connector`](crate::http_connector)'s
+    /// client does it for object_store's). Report the answer with [`observe`](Self::observe).
     pub async fn pace(&self) -> Instant {
         tokio::time::sleep_until(self.slot().into()).await;
         Instant::now()
@@ -173,36 +161,6 @@ impl Throttle {
             }
             _ => {}
         }
-    }
-}
-
-#[derive(Debug)]
-struct ThrottledConnector(Arc<Throttle>);
-
-impl HttpConnector for ThrottledConnector {
-    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
-        let inner = ReqwestConnector::default().connect(options)?;
-        Ok(HttpClient::new(Throttled {
-            inner,
-            throttle: Arc::clone(&self.0),
-        }))
-    }
-}
-
-#[derive(Debug)]
-struct Throttled {
-    inner: HttpClient,
-    throttle: Arc<Throttle>,
-}
-
-#[async_trait]
-impl HttpService for Throttled {
-    async fn call(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
-        let sent = self.throttle.pace().await;
-        let response = self.inner.execute(request).await;
-        self.throttle
-            .observe(sent, response.as_ref().ok().map(|r| r.status().as_u16()));
-        response
     }
 }
 

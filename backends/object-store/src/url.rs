@@ -2,14 +2,19 @@
 //! from the standard environment variables as `object_store` users configure it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use object_store::multipart::MultipartStore;
 use object_store::{ObjectStore, ObjectStoreScheme};
 use weightbay::{Error, ErrorKind, Result};
 
 use crate::error::convert;
-use crate::options::ObjectStoreOptions;
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+use crate::http_client::http_connector;
+use crate::options::{ObjectStoreOptions, StallDetection};
 use crate::s3_lister::S3Lister;
+#[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+use crate::stall::StallWatch;
 use crate::storage::ObjectStorage;
 use crate::throttle::Throttle;
 
@@ -21,6 +26,11 @@ use crate::throttle::Throttle;
 /// neither set from the profile of the AWS shared files (`~/.aws/credentials`,
 /// `~/.aws/config`, `AWS_PROFILE`) as the AWS CLI and boto3 do: keys, `credential_process`,
 /// `region`, `endpoint_url`. Credentials are never logged or put in error messages.
+///
+/// Options named `weightbay_*` are this crate's: `weightbay_stall_detection` (`on` or `off`),
+/// `weightbay_stall_floor_secs`, `weightbay_stall_factor`, `weightbay_stall_min_body_rate` and
+/// `weightbay_hedged_reads_percent` set [`ObjectStoreOptions::stall_detection`] (see [`StallDetection`]); where an option is
+/// not given, the environment variable of the same name in capitals is read.
 ///
 /// # Errors
 /// [`ErrorKind::InvalidInput`] for a URL that is not one of these, or a bad option.
@@ -65,6 +75,12 @@ where
     V: Into<String>,
 {
     let bad = |message: String| Error::invalid(message);
+    let (ours, options): (Vec<Setting>, Vec<Setting>) = options
+        .into_iter()
+        .map(|(key, value)| (key.as_ref().to_owned(), value.into()))
+        .partition(|(key, _)| key.to_ascii_lowercase().starts_with(OPTION_PREFIX));
+    let stall_detection =
+        stall_detection(&ours, &|name| std::env::var(name).ok()).map_err(|e| e.with_key(url))?;
     let parsed = url::Url::parse(url).map_err(|e| bad(format!("`{url}` is not a URL: {e}")))?;
     let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
         .map_err(|e| bad(format!("`{url}` names no known object store: {e}")))?;
@@ -86,16 +102,18 @@ where
     // cleaning up after killed writers, and objects whose keys object_store cannot parse.
     #[cfg_attr(not(feature = "aws"), allow(unused_mut))]
     let mut s3_lister: Option<Arc<S3Lister>> = None;
+    // Every request of a cloud store is watched for stalls, with the settings of the
+    // storage's options (set below, and again by whoever changes them).
+    #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+    let stalls = Arc::new(StallWatch::new(stall_detection));
     let (store, multipart): (Arc<dyn ObjectStore>, Option<Arc<dyn MultipartStore>>) = match scheme {
         #[cfg(feature = "aws")]
         ObjectStoreScheme::AmazonS3 => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
             let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
             for (key, value) in options {
-                let key: AmazonS3ConfigKey = key
-                    .as_ref()
-                    .parse()
-                    .map_err(|e| configure("bad S3 option", e))?;
+                let key: AmazonS3ConfigKey =
+                    key.parse().map_err(|e| configure("bad S3 option", e))?;
                 builder = builder.with_config(key, value);
             }
             // What neither the environment nor the options set, the AWS shared files may.
@@ -103,7 +121,7 @@ where
             builder = crate::aws_profile::apply(builder, &env).map_err(|e| e.with_key(url))?;
             let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
             let shared = Throttle::shared(&store_name(&parsed, endpoint.as_deref()));
-            builder = builder.with_http_connector(shared.connector());
+            builder = builder.with_http_connector(http_connector(&shared, &stalls));
             throttle = Some(shared);
             if builder
                 .get_config_value(&AmazonS3ConfigKey::CopyIfNotExists)
@@ -132,15 +150,13 @@ where
                 .with_url(url)
                 .with_retry(retry);
             for (key, value) in options {
-                let key: GoogleConfigKey = key
-                    .as_ref()
-                    .parse()
-                    .map_err(|e| configure("bad GCS option", e))?;
+                let key: GoogleConfigKey =
+                    key.parse().map_err(|e| configure("bad GCS option", e))?;
                 builder = builder.with_config(key, value);
             }
             let endpoint = builder.get_config_value(&GoogleConfigKey::BaseUrl);
             let shared = Throttle::shared(&store_name(&parsed, endpoint.as_deref()));
-            builder = builder.with_http_connector(shared.connector());
+            builder = builder.with_http_connector(http_connector(&shared, &stalls));
             throttle = Some(shared);
             local = endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             let store = Arc::new(
@@ -157,10 +173,8 @@ where
                 .with_url(url)
                 .with_retry(retry);
             for (key, value) in options {
-                let key: AzureConfigKey = key
-                    .as_ref()
-                    .parse()
-                    .map_err(|e| configure("bad Azure option", e))?;
+                let key: AzureConfigKey =
+                    key.parse().map_err(|e| configure("bad Azure option", e))?;
                 builder = builder.with_config(key, value);
             }
             let endpoint = builder.get_config_value(&AzureConfigKey::Endpoint);
@@ -169,7 +183,7 @@ where
                 .is_some_and(|on| on == "true");
             let name = endpoint.as_deref().or(emulator.then_some("emulator"));
             let shared = Throttle::shared(&store_name(&parsed, name));
-            builder = builder.with_http_connector(shared.connector());
+            builder = builder.with_http_connector(http_connector(&shared, &stalls));
             throttle = Some(shared);
             local = emulator || endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             let store = Arc::new(
@@ -204,15 +218,96 @@ where
     let defaults = ObjectStoreOptions::DEFAULT;
     let options = defaults
         .with_durable(durable)
+        .with_stall_detection(stall_detection)
         .with_fetch_request_len(defaults.fetch_request_len.filter(|_| !local));
     let mut storage = ObjectStorage::new(store)?;
     storage.multipart = multipart;
     storage.s3_lister = s3_lister;
-    let storage = storage.with_prefix(prefix.as_ref())?.with_options(options);
-    Ok(match throttle {
-        Some(throttle) => storage.with_throttle(throttle),
-        None => storage,
-    })
+    let mut storage = storage.with_prefix(prefix.as_ref())?.with_options(options);
+    if let Some(throttle) = throttle {
+        storage = storage.with_throttle(throttle);
+        #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
+        {
+            storage = storage.with_stall_watch(stalls);
+        }
+    }
+    Ok(storage)
+}
+
+/// One option of [`open_url`]: its key and value.
+type Setting = (String, String);
+
+/// The options of [`open_url`] that are weightbay's rather than object_store's.
+const OPTION_PREFIX: &str = "weightbay_";
+
+/// Stall detection as the options (`weightbay_stall_detection` = `on`/`off`,
+/// `weightbay_stall_floor_secs`, `weightbay_stall_factor`, `weightbay_stall_min_body_rate`,
+/// `weightbay_hedged_reads_percent`) or else the environment (the same names in capitals) set it, from
+/// [`StallDetection::DEFAULT`].
+fn stall_detection(
+    options: &[Setting],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<StallDetection>> {
+    const NAMES: [&str; 5] = [
+        "weightbay_stall_detection",
+        "weightbay_stall_floor_secs",
+        "weightbay_stall_factor",
+        "weightbay_stall_min_body_rate",
+        "weightbay_hedged_reads_percent",
+    ];
+    if let Some((unknown, _)) = options
+        .iter()
+        .find(|(key, _)| !NAMES.iter().any(|name| key.eq_ignore_ascii_case(name)))
+    {
+        return Err(Error::invalid(format!(
+            "unknown option `{unknown}` (weightbay's are {})",
+            NAMES.join(", ")
+        )));
+    }
+    let setting = |name: &str| {
+        options
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.trim().to_owned())
+            .or_else(|| env(&name.to_ascii_uppercase()))
+    };
+    let bad = |name: &str, value: &str, wanted: &str| {
+        Error::invalid(format!("`{name}` is `{value}`; it takes {wanted}"))
+    };
+    let [switch, floor, factor, rate, hedged] = NAMES;
+    match setting(switch).as_deref() {
+        None | Some("on" | "true" | "1") => {}
+        Some("off" | "false" | "0") => return Ok(None),
+        Some(other) => return Err(bad(switch, other, "`on` or `off`")),
+    }
+    let mut settings = StallDetection::DEFAULT;
+    if let Some(value) = setting(floor) {
+        settings.floor = value
+            .parse::<f64>()
+            .ok()
+            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+            .ok_or_else(|| bad(floor, &value, "seconds"))?;
+    }
+    if let Some(value) = setting(factor) {
+        settings.factor = value
+            .parse::<u32>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| bad(factor, &value, "a whole number, 1 or more"))?;
+    }
+    if let Some(value) = setting(rate) {
+        settings.min_body_rate = value
+            .parse::<u64>()
+            .map_err(|_| bad(rate, &value, "bytes a second"))?;
+    }
+    if let Some(value) = setting(hedged) {
+        settings.hedged_reads_percent = value
+            .parse::<u32>()
+            .ok()
+            .filter(|&percent| percent <= 100)
+            .ok_or_else(|| bad(hedged, &value, "a percentage, 0 to 100"))?;
+    }
+    Ok(Some(settings))
 }
 
 /// The name a store's shared [`Throttle`] goes by: scheme, bucket and endpoint.

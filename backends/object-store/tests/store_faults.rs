@@ -13,7 +13,7 @@ use weightbay::{DType, ErrorKind, Reader, Storage, Tensor, WriteMode, Writer};
 use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region, SaveOptions};
 use weightbay_conformance::FaultProxy;
 use weightbay_object_store::{
-    MIN_PART_SIZE, ObjectStorage, ObjectStoreOptions, open_url_with_retry,
+    MIN_PART_SIZE, ObjectStorage, ObjectStoreOptions, StallDetection, open_url_with_retry,
 };
 
 /// Retries as object_store makes them, with short backoffs so a test takes seconds.
@@ -246,6 +246,187 @@ fn the_gcs_server_through_the_proxy_survives_throttling_and_resets() {
         };
         assert!(injected > 0, "the proxy injected no {what} with {faults}");
     }
+}
+
+/// A container of three parts and a bit saved through `storage` and read back every way.
+fn round_trip(storage: &ObjectStorage, key: &str) {
+    let expected = container(3, 2).into_bytes().expect("a container");
+    container(3, 2)
+        .write_to(storage, key)
+        .unwrap_or_else(|e| panic!("save of {key}: {e:#}"));
+    assert_stored(storage, key, &expected);
+}
+
+#[test]
+fn stalled_answers_are_cut_and_retried_and_every_byte_comes_through() {
+    // Seeds whose first two draws inject nothing: a store that has not answered yet gives
+    // stall detection nothing to go by, and such a request waits for the request timeout.
+    // Each fault, and whether every one it injects must be cut (or, for a late read, hedged):
+    // a trickle that ends within the floor (the rest of a short body) is not, and neither is
+    // a held DELETE, which object_store does not repeat, so the proxy holds no DELETE; and
+    // only bodies of objects read are watched, so only GETs' bodies stop or trickle.
+    let faults = [
+        (
+            r#"{"hold_share": 0.1, "share_methods": ["GET", "HEAD", "PUT", "POST"], "seed": 45}"#,
+            "held",
+            true,
+        ),
+        (
+            r#"{"slow_first_byte_share": 0.15, "slow_first_byte_s": 8,
+                "share_methods": ["GET", "HEAD", "PUT", "POST"], "seed": 45}"#,
+            "slow_first_byte",
+            true,
+        ),
+        (
+            r#"{"half_body_stall_share": 0.15, "share_methods": ["GET"], "seed": 45}"#,
+            "half_body_stalled",
+            true,
+        ),
+        (
+            r#"{"drip_share": 0.15, "share_methods": ["GET"], "seed": 44}"#,
+            "dripped",
+            false,
+        ),
+    ];
+    for server in [Server::S3, Server::Gcs] {
+        for (faults, what, every_one) in faults {
+            // A request timeout of 5 s bounds what a stall that is not detected costs.
+            let Some((proxy, storage)) =
+                proxied(server, &unique(), faults, "5s", quick_retries(10))
+            else {
+                return;
+            };
+            // A lower floor than the default's 2 s, so the test spends less time on each cut.
+            let quick = StallDetection::DEFAULT.with_floor(Duration::from_millis(500));
+            let options = storage.options().with_stall_detection(Some(quick));
+            let storage = storage.with_options(options);
+            let started = std::time::Instant::now();
+            round_trip(&storage, "stalls.bpk");
+            let injected = proxy.count(what);
+            let counts = storage.stall_watch().expect("a stall watch").counts();
+            eprintln!(
+                "{server:?} through {faults}: {injected} {what} of {} requests, {counts:?}, {:.1} s",
+                proxy.count("requests"),
+                started.elapsed().as_secs_f64()
+            );
+            assert!(injected > 0, "{server:?}: the proxy injected no {what}");
+            let cut = counts.cut() + counts.hedges_won;
+            assert!(
+                if every_one { cut >= injected } else { cut > 0 },
+                "{server:?}: {injected} {what} and {cut} cut or hedged: {counts:?}"
+            );
+        }
+    }
+}
+
+/// Reads `key` through `storage` in requests of 1 MiB (many ranged GETs), checking every byte.
+fn read_in_ranges(storage: ObjectStorage, key: &str, expected: &[u8]) -> ObjectStorage {
+    let options = storage.options().with_fetch_request_len(Some(1 << 20));
+    let storage = storage.with_options(options);
+    assert_stored(&storage, key, expected);
+    storage
+}
+
+#[test]
+fn a_read_whose_answer_is_late_is_hedged_and_the_first_answer_is_read() {
+    let prefix = unique();
+    let Some((_clean, writer)) = through_proxy_at(&prefix, "{}", "30s", quick_retries(3)) else {
+        return;
+    };
+    let expected = container(3, 16).into_bytes().expect("a container");
+    container(3, 16)
+        .write_to(&writer, "late.bpk")
+        .expect("the save");
+    // A tenth of the answers begin 8 s late. The stall floor is above that, so only hedging
+    // makes those reads quick; half the reads may be hedged, so the test sees some.
+    let faults = r#"{"slow_first_byte_share": 0.1, "slow_first_byte_s": 8, "seed": 45}"#;
+    let Some((proxy, storage)) = through_proxy_at(&prefix, faults, "30s", quick_retries(3)) else {
+        return;
+    };
+    let hedging = StallDetection::DEFAULT
+        .with_floor(Duration::from_secs(20))
+        .with_hedged_reads_percent(50);
+    let options = storage.options().with_stall_detection(Some(hedging));
+    let storage = storage.with_options(options);
+    let storage = read_in_ranges(storage, "late.bpk", &expected);
+    let counts = storage.stall_watch().expect("a stall watch").counts();
+    assert!(proxy.count("slow_first_byte") > 0, "no answer was late");
+    assert!(counts.hedges_won > 0, "no hedge answered first: {counts:?}");
+    assert_eq!(counts.cut(), 0, "{counts:?}");
+}
+
+#[test]
+fn hedged_reads_stay_within_their_budget() {
+    let Some((_proxy, storage)) = through_proxy("{}", "30s", quick_retries(3)) else {
+        return;
+    };
+    let expected = container(3, 17).into_bytes().expect("a container");
+    container(3, 17)
+        .write_to(&storage, "budget.bpk")
+        .expect("the save");
+    let storage = read_in_ranges(storage, "budget.bpk", &expected);
+    let counts = storage.stall_watch().expect("a stall watch").counts();
+    assert!(counts.ranged_reads > 16, "{counts:?}");
+    // The default budget: 5 in a hundred ranged GETs.
+    assert!(counts.hedged * 100 <= counts.ranged_reads * 5, "{counts:?}");
+}
+
+#[test]
+fn a_uniformly_slow_link_is_not_taken_for_a_stall() {
+    // 4 MiB/s for every request and answer: a 5 MiB part takes over a second to send, a read
+    // of the whole container four.
+    let faults = r#"{"bandwidth_bytes_per_s": 4194304}"#;
+    for server in [Server::S3, Server::Gcs] {
+        let Some((proxy, storage)) = proxied(server, &unique(), faults, "30s", quick_retries(3))
+        else {
+            return;
+        };
+        round_trip(&storage, "slow.bpk");
+        assert!(proxy.count("forwarded") > 0);
+        let counts = storage.stall_watch().expect("a stall watch").counts();
+        assert_eq!(counts.cut(), 0, "{server:?}: requests cut on a slow link");
+    }
+}
+
+#[test]
+fn a_part_that_stalls_every_try_fails_naming_key_part_and_the_stall() {
+    let faults = r#"{"stall": {"match": "partNumber=3", "times": -1}}"#;
+    let Some((_proxy, storage)) = through_proxy(faults, "30s", quick_retries(2)) else {
+        return;
+    };
+    let error = container(3, 15)
+        .write_to(&storage, "stalls-always.bpk")
+        .expect_err("part 3 never answers");
+    let message = format!("{error:#}");
+    for named in [
+        "stalls-always.bpk",
+        "part 3",
+        "no bytes for",
+        "stall detection",
+    ] {
+        assert!(message.contains(named), "`{named}` is not in: {message}");
+    }
+    let counts = storage.stall_watch().expect("a stall watch").counts();
+    // Each of the three tries (two retries) was cut.
+    assert!(counts.cut_waiting >= 3, "{counts:?}");
+    assert!(storage.list("").expect("list").is_empty());
+}
+
+#[test]
+fn stall_detection_turned_off_waits_for_the_request_timeout() {
+    let faults = r#"{"stall": {"match": "partNumber=3", "times": 1}}"#;
+    let Some((proxy, storage)) = through_proxy(faults, "3s", quick_retries(2)) else {
+        return;
+    };
+    let off = storage.options().with_stall_detection(None);
+    let storage = storage.with_options(off);
+    round_trip(&storage, "off.bpk");
+    assert_eq!(proxy.count("stalled"), 1);
+    // The request timeout cut it: the watch, turned off, cut nothing.
+    assert_eq!(
+        storage.stall_watch().expect("a stall watch").counts().cut(),
+        0
+    );
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! The object store as it behaves at scale, through the fault-injecting proxy
 //! (`scripts/fault_proxy.py`) in front of the S3 server: the big checkpoint saved and loaded
-//! (in shards) with 10% of requests answered `503 SlowDown` and 1% of responses reset
-//! mid-body, against the same through a proxy that injects nothing; and a stalled part against the per-request
-//! deadline, retries that run out, and a whole-save timeout.
+//! (in shards) through each of [`FAULT_SETS`] (throttling and resets, held answers, bodies that
+//! stop or trickle), against the same through a proxy that injects nothing, and through a
+//! uniformly slow link with stall detection on and off; and a stalled part against the
+//! per-request deadline, retries that run out, and a whole-save timeout.
 
 use std::cell::RefCell;
 use std::hint::black_box;
@@ -19,9 +20,56 @@ use crate::context::Bench;
 use crate::harness::{Start, median, print_runs, timed};
 use crate::report::Row;
 
-/// The faults of the storm: S3's throttling answer to a tenth of the requests, and one in a
-/// hundred responses cut halfway.
-const STORM: &str = r#"{"status_share": 0.1, "status": 503, "reset_share": 0.01, "seed": 11}"#;
+/// What the big checkpoint is saved and loaded through, each set paired with a proxy that does
+/// the same minus the faults.
+pub(crate) struct FaultSet {
+    /// The case's name, which `--only` matches and its rows start with.
+    pub(crate) case: &'static str,
+    /// The proxy's faults (scripts/fault_proxy.py).
+    faults: &'static str,
+    /// The peer's proxy: `{}`, or the part of the faults that is not a fault (a link's speed).
+    peer_faults: &'static str,
+    /// Whether the peer's storage runs with stall detection off.
+    peer_without_stall_detection: bool,
+    /// The proxy's counts the run prints.
+    counts: &'static [&'static str],
+}
+
+pub(crate) const FAULT_SETS: &[FaultSet] = &[
+    // S3's throttling answer to a tenth of the requests, and one in a hundred responses cut
+    // halfway.
+    FaultSet {
+        case: "faulty store (10% 503 SlowDown, 1% resets)",
+        faults: r#"{"status_share": 0.1, "status": 503, "reset_share": 0.01, "seed": 11}"#,
+        peer_faults: "{}",
+        peer_without_stall_detection: false,
+        counts: &["status", "reset"],
+    },
+    // The server takes the request and sends nothing: the defaults' stall detection against
+    // the clean proxy.
+    FaultSet {
+        case: "faulty store (8% held answers)",
+        faults: r#"{"hold_share": 0.08, "seed": 12}"#,
+        peer_faults: "{}",
+        peer_without_stall_detection: false,
+        counts: &["held"],
+    },
+    FaultSet {
+        case: "faulty store (5% bodies stopping half way, 5% trickling)",
+        faults: r#"{"half_body_stall_share": 0.05, "drip_share": 0.05, "seed": 13}"#,
+        peer_faults: "{}",
+        peer_without_stall_detection: false,
+        counts: &["half_body_stalled", "dripped"],
+    },
+    // A uniformly slow link, which stall detection must not cut: on against off.
+    FaultSet {
+        case: "faulty store (every connection at 20 MiB/s)",
+        faults: r#"{"bandwidth_bytes_per_s": 20971520}"#,
+        peer_faults: r#"{"bandwidth_bytes_per_s": 20971520}"#,
+        peer_without_stall_detection: true,
+        counts: &["forwarded"],
+    },
+];
 
 pub(crate) fn fault_cases(b: &mut Bench<'_>) -> Result<()> {
     let (Ok(base), Ok(endpoint)) = (
@@ -40,8 +88,10 @@ pub(crate) fn fault_cases(b: &mut Bench<'_>) -> Result<()> {
         return Ok(());
     }
     let server = Server { base, endpoint };
-    if b.args.wants("faulty store") {
-        faulty_store(b, &server)?;
+    for set in FAULT_SETS {
+        if b.args.wants(set.case) {
+            faulty_store(b, &server, set)?;
+        }
     }
     if b.args.wants("stalled part") {
         stalled_part(b, &server)?;
@@ -88,15 +138,30 @@ impl Server {
 /// load of one 2 GiB object the emulator's benchmark rather than ours.
 const SHARD_LEN: u64 = 128 << 20;
 
-/// The big checkpoint saved as shards, then loaded and compared byte for byte, through the
-/// storm and through a clean proxy, paired.
-fn faulty_store(b: &mut Bench<'_>, server: &Server) -> Result<()> {
-    let (storm, faulty) = server.through(STORM, "storm", "30s", RetryConfig::default())?;
-    let (_clean_proxy, clean) = server.through("{}", "clean", "30s", RetryConfig::default())?;
+/// The big checkpoint saved as shards, then loaded and compared byte for byte, through a
+/// proxy injecting `set`'s faults and through its peer's proxy, paired, with the defaults a
+/// user gets.
+fn faulty_store(b: &mut Bench<'_>, server: &Server, set: &FaultSet) -> Result<()> {
+    let (storm, faulty) = server.through(set.faults, "faulty", "30s", RetryConfig::default())?;
+    let (_peer_proxy, clean) =
+        server.through(set.peer_faults, "peer", "30s", RetryConfig::default())?;
+    let clean = if set.peer_without_stall_detection {
+        let off = clean.options().with_stall_detection(None);
+        clean.with_options(off)
+    } else {
+        clean
+    };
+    let case = set.case;
+    let peer = if set.peer_without_stall_detection {
+        "the same with stall detection off"
+    } else {
+        "the same through a clean proxy"
+    };
     println!(
-        "  faulty store: {} MiB in shards of {} MiB through a proxy answering 10% of requests 503 SlowDown and resetting 1% of responses mid-body, against a proxy that injects nothing",
+        "  faulty store: {} MiB in shards of {} MiB through a proxy injecting {}, against {peer}",
         b.big.bytes() >> 20,
-        SHARD_LEN >> 20
+        SHARD_LEN >> 20,
+        set.faults
     );
     let big = &b.big;
     // Each storage's last save, whose shards the next save replaces and the loads read.
@@ -113,9 +178,9 @@ fn faulty_store(b: &mut Bench<'_>, server: &Server) -> Result<()> {
     };
     b.table.compare(
         Start::Cached,
-        "faulty store save (S3 server, 10% 503 SlowDown, 1% resets)",
+        &format!("{case}: save to the S3 server"),
         big.bytes(),
-        "the same save through a clean proxy",
+        peer,
         || save(&faulty, &saved[0]),
         || save(&clean, &saved[1]),
     )?;
@@ -155,9 +220,9 @@ fn faulty_store(b: &mut Bench<'_>, server: &Server) -> Result<()> {
     };
     b.table.compare(
         Start::Cached,
-        "faulty store load, byte for byte (S3 server, 10% 503 SlowDown, 1% resets)",
+        &format!("{case}: load, byte for byte"),
         big.bytes(),
-        "the same load through a clean proxy",
+        peer,
         || load(&faulty, &saved[0]),
         || load(&clean, &saved[1]),
     )?;
@@ -166,12 +231,18 @@ fn faulty_store(b: &mut Bench<'_>, server: &Server) -> Result<()> {
             Reader::open_key(&faulty, shard)?.verify()?;
         }
     }
+    let injected: Vec<String> = set
+        .counts
+        .iter()
+        .map(|what| format!("{what} {}", storm.count(what)))
+        .collect();
     println!(
-        "    the storm's proxy answered {} of {} requests 503 and reset {} responses; every shard verifies; the client's pace: {:?}",
-        storm.count("status"),
+        "    of {} requests the proxy injected: {}; every shard verifies; the client's pace: {:?}; stall detection cut: {:?} (the peer: {:?})",
         storm.count("requests"),
-        storm.count("reset"),
-        faulty.throttle().map(|t| t.counts())
+        injected.join(", "),
+        faulty.throttle().map(|t| t.counts()),
+        faulty.stall_watch().map(|w| w.counts()),
+        clean.stall_watch().map(|w| w.counts())
     );
     for (storage, last) in [(&faulty, &saved[0]), (&clean, &saved[1])] {
         if let Some(summary) = last.take() {
