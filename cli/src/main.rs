@@ -177,18 +177,22 @@ fn restarting<T>(what: &str, attempt: impl FnMut() -> Result<T>) -> Result<T> {
     })
 }
 
-/// Says how many requests stall detection cut (and object_store retried) in the stores of
-/// `locations`, when it cut any.
+/// Says how many requests stall detection cut (and object_store retried), and how many reads
+/// it hedged, in the stores of `locations`, when it did any.
 fn report_stalls(locations: &[&Location]) {
-    let cut: u64 = locations
+    let (cut, hedged) = locations
         .iter()
         .filter_map(|location| location.stall_watch.as_ref())
-        .map(|watch| watch.counts().cut())
-        .sum();
-    if cut > 0 {
+        .map(|watch| watch.counts())
+        .fold((0, 0), |(cut, hedged), counts| {
+            (cut + counts.cut(), hedged + counts.hedged)
+        });
+    if cut + hedged > 0 {
         eprintln!(
-            "{cut} stalled request{} cut and retried (stall detection; WEIGHTBAY_STALL_DETECTION=off turns it off)",
-            if cut == 1 { " was" } else { "s were" }
+            "stall detection cut and retried {cut} request{}, and hedged {hedged} read{} \
+             (WEIGHTBAY_STALL_DETECTION=off turns it off)",
+            if cut == 1 { "" } else { "s" },
+            if hedged == 1 { "" } else { "s" }
         );
     }
 }

@@ -119,26 +119,26 @@ impl HttpService for Guarded {
     }
 }
 
-/// Whether object_store tries a request again once it times out, so that cutting it costs a
-/// retry rather than the operation: reads (GET, HEAD, pinned to an ETag or not), unconditional
-/// PUTs (objects, parts, blocks, block lists, copies), and starting or completing a multipart
-/// upload (POST with `uploads` or `uploadId`), all of which object_store marks idempotent.
-/// Others wait for the request timeout, as before: DELETE and S3's batch delete (POST
-/// `?delete`), which object_store does not repeat after a timeout, and conditional writes
-/// (create-new's `If-None-Match`), whose cut would fail a write a slow store was about to
-/// carry out.
+/// Whether a request is tried again once it times out, so that cutting it costs a retry
+/// rather than the operation: reads (GET, HEAD, pinned to an ETag or not), unconditional PUTs
+/// (objects, parts, blocks, block lists, copies), and starting or completing a multipart
+/// upload (POST with `uploads` or `uploadId`), all of which object_store marks idempotent;
+/// and deletes (DELETE, S3's POST `?delete`), which this crate sends again itself
+/// (`landed::delete`). Conditional writes (create-new's `If-None-Match`) are not: a cut would
+/// fail a write a slow store was about to carry out, so they wait for the request timeout, as
+/// before.
 fn retried_once_cut(request: &HttpRequest) -> bool {
     let headers = request.headers();
     let conditional = headers.contains_key(http::header::IF_NONE_MATCH)
         || headers.contains_key(http::header::IF_MATCH);
     let query = request.uri().query().unwrap_or_default();
-    let upload = query
-        .split('&')
-        .any(|pair| matches!(pair.split('=').next(), Some("uploads" | "uploadId")));
+    let names = || query.split('&').filter_map(|pair| pair.split('=').next());
     match *request.method() {
-        http::Method::GET | http::Method::HEAD => true,
+        http::Method::GET | http::Method::HEAD | http::Method::DELETE => true,
         http::Method::PUT => !conditional,
-        http::Method::POST => upload && !conditional,
+        http::Method::POST => {
+            !conditional && names().any(|name| matches!(name, "uploads" | "uploadId" | "delete"))
+        }
         _ => false,
     }
 }

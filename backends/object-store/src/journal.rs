@@ -174,7 +174,7 @@ impl Journal {
             renewal.abort();
         }
         let (store, path) = (Arc::clone(&self.store), self.path.clone());
-        async move { store.delete(&path).await }
+        async move { crate::landed::delete(store.as_ref(), &path).await }
     }
 }
 

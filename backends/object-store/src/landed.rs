@@ -1,6 +1,7 @@
 //! Whether a write whose answer was lost (a connection reset mid-response, a request cut at a
 //! deadline) landed all the same: the sink looks before it reports a failure, so a write that
-//! happened is never reported as one that did not.
+//! happened is never reported as one that did not. And deletes, which object_store does not
+//! try again once their answer is lost, tried again.
 
 use std::sync::Arc;
 
@@ -61,4 +62,24 @@ pub(crate) async fn same_objects(store: Arc<dyn ObjectStore>, a: Path, b: Path) 
         Ok(true)
     };
     matches!(compared.await, Ok(true))
+}
+
+/// How many times a delete whose answer is lost is sent.
+const DELETE_ATTEMPTS: u32 = 3;
+
+/// Deletes the object at `path`, sending the delete again when its answer is lost (a reset, a
+/// timeout, a stall cut), which object_store does not do for deletes. A try after a lost
+/// answer that finds nothing there is done: the lost try deleted it.
+pub(crate) async fn delete(store: &dyn ObjectStore, path: &Path) -> object_store::Result<()> {
+    let mut attempt = 1;
+    loop {
+        match store.delete(path).await {
+            Err(e) if crate::error::answer_lost(&e) && attempt < DELETE_ATTEMPTS => {
+                tokio::time::sleep(std::time::Duration::from_millis(100 << attempt)).await;
+                attempt += 1;
+            }
+            Err(object_store::Error::NotFound { .. }) if attempt > 1 => return Ok(()),
+            done => return done,
+        }
+    }
 }

@@ -382,7 +382,10 @@ impl ObjectStorage {
     fn delete_object(&self, path: &Path, what: &str) -> Result<()> {
         let store = Arc::clone(&self.store);
         let at = path.clone();
-        match self.bridge.run(async move { store.delete(&at).await })? {
+        match self
+            .bridge
+            .run(async move { crate::landed::delete(store.as_ref(), &at).await })?
+        {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(convert(format!("{what} {path}"), e)),
         }

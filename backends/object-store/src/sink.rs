@@ -617,7 +617,7 @@ impl ObjectSink {
         let (store, staged) = (self.store(), staged.clone());
         // Best effort: a staging object left behind is named by the journal (or, for a store
         // without one, listed by `pending` as staged); it is never mistaken for the container.
-        let _ = self.run_in_grace(async move { store.delete(&staged).await });
+        let _ = self.run_in_grace(async move { landed::delete(store.as_ref(), &staged).await });
         (outcome, lost)
     }
 

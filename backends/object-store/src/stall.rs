@@ -27,10 +27,11 @@
 //!   ("The Tail at Scale", Dean and Barroso). At most `hedged_reads_percent` (5) in a hundred
 //!   ranged GETs are sent twice; both copies carry the same ETag condition.
 //!
-//! Only requests that object_store tries again after a timeout are cut while they wait:
-//! reads, unconditional PUTs (objects, parts, blocks, copies), and starting or completing a
-//! multipart upload. Deletes and conditional writes (create-new's `If-None-Match`), which it
-//! does not repeat, wait for the request timeout as before.
+//! Only requests that are tried again after a timeout are cut while they wait: reads,
+//! unconditional PUTs (objects, parts, blocks, copies), starting or completing a multipart
+//! upload (object_store repeats all of these), and deletes (which this crate sends again).
+//! Conditional writes (create-new's `If-None-Match`), which nobody repeats, wait for the
+//! request timeout as before.
 //!
 //! A cut request fails with a timeout, which object_store retries: an upload's part from its
 //! buffer, a download from the last byte received (pinned to the object's ETag), and the error

@@ -314,7 +314,7 @@ impl Storage for ObjectStorage {
         let result = self.bridge.run(async move {
             // object_store's delete succeeds on a missing object on some stores: ask first.
             store.head(&path).await?;
-            store.delete(&path).await
+            crate::landed::delete(store.as_ref(), &path).await
         })?;
         result.map_err(|e| convert("deleting the object", e).with_key(key))
     }

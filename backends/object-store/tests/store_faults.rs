@@ -372,6 +372,31 @@ fn hedged_reads_stay_within_their_budget() {
 }
 
 #[test]
+fn a_delete_that_never_answers_is_cut_and_sent_again() {
+    // S3's delete is a batch POST `?delete`; GCS sends DELETE.
+    for (server, request) in [(Server::S3, "?delete"), (Server::Gcs, "DELETE ")] {
+        let faults = format!(r#"{{"stall": {{"match": "{request}", "times": 1}}}}"#);
+        let Some((proxy, storage)) = proxied(server, &unique(), &faults, "30s", quick_retries(3))
+        else {
+            return;
+        };
+        container(0, 18)
+            .write_to(&storage, "doomed.bpk")
+            .expect("the save");
+        storage
+            .delete("doomed.bpk")
+            .unwrap_or_else(|e| panic!("{server:?}: delete: {e:#}"));
+        assert_eq!(proxy.count("stalled"), 1, "{server:?}");
+        let counts = storage.stall_watch().expect("a stall watch").counts();
+        assert!(counts.cut_waiting >= 1, "{server:?}: {counts:?}");
+        assert!(
+            storage.list("").expect("list").is_empty(),
+            "{server:?}: the object is still there"
+        );
+    }
+}
+
+#[test]
 fn a_uniformly_slow_link_is_not_taken_for_a_stall() {
     // 4 MiB/s for every request and answer: a 5 MiB part takes over a second to send, a read
     // of the whole container four.
