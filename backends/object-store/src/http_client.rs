@@ -88,7 +88,7 @@ impl HttpService for Guarded {
     async fn call(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
         let body_len = request.body().content_length();
         let retried = retried_once_cut(&request);
-        let object_read = is_object_read(&request);
+        let watched_body = is_object_read(&request) || is_multipart_post(&request);
         let ranged = is_ranged_get(&request);
         let sent = self.throttle.pace().await;
         let answer = std::pin::pin!(async {
@@ -111,7 +111,7 @@ impl HttpService for Guarded {
             .observe(sent, response.as_ref().ok().map(|r| r.status().as_u16()));
         let response = response?;
         self.stalls.observe_answer(sent.elapsed(), body_len, ranged);
-        Ok(if object_read {
+        Ok(if watched_body {
             response.map(|body| self.stalls.watch_body(body))
         } else {
             response
@@ -145,12 +145,26 @@ fn retried_once_cut(request: &HttpRequest) -> bool {
 
 /// Whether a request reads an object's bytes: a GET with a range, or with no query (a listing
 /// has one). object_store resumes such a body from the last byte received when it fails, so
-/// its body is watched; other answers' bodies (listings, XML results) are not tried again,
-/// and are left to the request timeout.
+/// its body is watched. Listings' bodies are not tried again, and are left to the request
+/// timeout.
 fn is_object_read(request: &HttpRequest) -> bool {
     *request.method() == http::Method::GET
         && (request.headers().contains_key(http::header::RANGE)
             || request.uri().query().is_none_or(str::is_empty))
+}
+
+/// Whether a request starts or completes a multipart upload (POST with `uploads` or
+/// `uploadId`). The sink treats a failure of its answer as a lost answer (it starts again, or
+/// looks whether the completion landed), so a body that stalls is cut rather than waited for.
+fn is_multipart_post(request: &HttpRequest) -> bool {
+    *request.method() == http::Method::POST
+        && request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .filter_map(|pair| pair.split('=').next())
+            .any(|name| matches!(name, "uploads" | "uploadId"))
 }
 
 /// Whether a request reads a range of an object (what a hedged read sends twice).

@@ -17,7 +17,8 @@
 //!   (the request timeout still is), and a waiting request's allowance is worked out again as
 //!   answers come in, so the first parts of a save are cut soon after their peers finish.
 //! - **Reading an object's body** (a GET of its bytes, which object_store resumes from the
-//!   last byte received). A body that brings no bytes for the waiting allowance of a request
+//!   last byte received), or the answer to starting or completing a multipart upload (whose
+//!   loss the sink handles). A body that brings no bytes for the waiting allowance of a request
 //!   without a body, or fewer than `min_body_rate` bytes a second over `floor`, is cut. Only
 //!   time the reader spent waiting for bytes counts: a consumer that stops reading is not a
 //!   stalled store.

@@ -264,7 +264,8 @@ fn stalled_answers_are_cut_and_retried_and_every_byte_comes_through() {
     // Each fault, and whether every one it injects must be cut (or, for a late read, hedged):
     // a trickle that ends within the floor (the rest of a short body) is not, and neither is
     // a held DELETE, which object_store does not repeat, so the proxy holds no DELETE; and
-    // only bodies of objects read are watched, so only GETs' bodies stop or trickle.
+    // only the bodies of objects read and of multipart starts and completions are watched
+    // (not listings'), so only those stop or trickle.
     let faults = [
         (
             r#"{"hold_share": 0.1, "share_methods": ["GET", "HEAD", "PUT", "POST"], "seed": 45}"#,
@@ -287,12 +288,19 @@ fn stalled_answers_are_cut_and_retried_and_every_byte_comes_through() {
             "dripped",
             false,
         ),
+        // Starting and completing the upload: the sink starts again, or finds it landed.
+        (
+            r#"{"half_body_stall_share": 0.5, "share_methods": ["POST"], "seed": 3}"#,
+            "half_body_stalled",
+            true,
+        ),
     ];
     for server in [Server::S3, Server::Gcs] {
         for (faults, what, every_one) in faults {
-            // A request timeout of 5 s bounds what a stall that is not detected costs.
+            // A request timeout of 15 s bounds what a stall that is not detected costs, and
+            // leaves stall detection room on a loaded machine, where what it expects grows.
             let Some((proxy, storage)) =
-                proxied(server, &unique(), faults, "5s", quick_retries(10))
+                proxied(server, &unique(), faults, "15s", quick_retries(10))
             else {
                 return;
             };
