@@ -131,13 +131,11 @@ fn retried_once_cut(request: &HttpRequest) -> bool {
     let headers = request.headers();
     let conditional = headers.contains_key(http::header::IF_NONE_MATCH)
         || headers.contains_key(http::header::IF_MATCH);
-    let query = request.uri().query().unwrap_or_default();
-    let names = || query.split('&').filter_map(|pair| pair.split('=').next());
     match *request.method() {
         http::Method::GET | http::Method::HEAD | http::Method::DELETE => true,
         http::Method::PUT => !conditional,
         http::Method::POST => {
-            !conditional && names().any(|name| matches!(name, "uploads" | "uploadId" | "delete"))
+            !conditional && (is_multipart_post(request) || names_query(request, "delete"))
         }
         _ => false,
     }
@@ -158,13 +156,17 @@ fn is_object_read(request: &HttpRequest) -> bool {
 /// looks whether the completion landed), so a body that stalls is cut rather than waited for.
 fn is_multipart_post(request: &HttpRequest) -> bool {
     *request.method() == http::Method::POST
-        && request
-            .uri()
-            .query()
-            .unwrap_or_default()
-            .split('&')
-            .filter_map(|pair| pair.split('=').next())
-            .any(|name| matches!(name, "uploads" | "uploadId"))
+        && (names_query(request, "uploads") || names_query(request, "uploadId"))
+}
+
+/// Whether the request's query has a parameter called `name` (`?delete`, `?uploadId=…`).
+fn names_query(request: &HttpRequest, name: &str) -> bool {
+    request
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .any(|pair| pair.split('=').next() == Some(name))
 }
 
 /// Whether a request reads a range of an object (what a hedged read sends twice).

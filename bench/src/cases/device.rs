@@ -56,6 +56,7 @@ fn patterned(b: &Bench<'_>) -> Vec<Tensor> {
             for (j, word) in bytes.chunks_mut(8).enumerate() {
                 let mut x = ((i as u64) << 40 | j as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
                 x ^= x >> 29;
+                // `chunks_mut(8)` makes every word 8 bytes or fewer.
                 word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
             }
             let len = bytes.len() as u64 / 4;
@@ -98,11 +99,10 @@ fn stage_to_device(
                 .bytes()
                 .get(segment.range.clone())
                 .ok_or_else(|| Error::invalid("a staged segment lies past its buffer's bytes"))?;
-            cuda.copy_async(
-                memory,
-                offsets[segment.tensor] + segment.tensor_offset,
-                from,
-            )?;
+            let start = offsets
+                .get(segment.tensor)
+                .ok_or_else(|| Error::invalid("a staged segment names no tensor of the load"))?;
+            cuda.copy_async(memory, start + segment.tensor_offset, from)?;
         }
         let event = cuda.record()?;
         copies.push_back((staged, event));
@@ -224,6 +224,7 @@ pub(crate) fn device_cases(b: &mut Bench<'_>) -> Result<()> {
                 let mut at = 0;
                 while at < bytes {
                     let len = BUFFER_LEN.min((bytes - at) as usize);
+                    // `len` is at most BUFFER_LEN, the length of `from`.
                     cuda.copy_async(&memory, at, &from[..len])?;
                     at += len as u64;
                 }
@@ -261,6 +262,7 @@ pub(crate) fn device_cases(b: &mut Bench<'_>) -> Result<()> {
                 if pageable.len() < len {
                     pageable.resize(len, 0);
                 }
+                // Grown above to at least `len`.
                 reader.read_into(info.name(), &mut pageable[..len])?;
                 cuda.copy(&memory, at, &pageable[..len])?;
             }
