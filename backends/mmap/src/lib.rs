@@ -31,7 +31,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::{Advice, Mmap};
+use memmap2::{Advice, Mmap, MmapOptions};
 use weightbay::backend_kit::{check_range, fetch_views, validate_key};
 use weightbay::{
     AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Listed, PendingWrite, Result,
@@ -137,27 +137,43 @@ pub struct MmapSource {
 }
 
 impl MmapSource {
-    /// Maps the file at `path`.
+    /// Maps the file at `path`, shared and read-only.
     ///
     /// # Errors
     /// [`NotFound`](weightbay::ErrorKind::NotFound); the operating system's error.
     pub fn open(path: &Path, prefetch: Prefetch) -> Result<Self> {
-        let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
-        let file = File::open(path).map_err(|e| io("opening", e))?;
+        let file = open_file(path)?;
         // SAFETY: the map is shared and read-only, over an inode that weightbay never modifies
         // in place (its saves replace files by rename, and this storage refuses in-place
         // writes). Another program truncating the file could still raise SIGBUS; the crate
         // docs state the hazard.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| io("mapping", e))?;
-        if prefetch == Prefetch::Sequential && !map.is_empty() {
-            // Advice is a hint: a kernel that ignores it changes nothing but speed.
-            let _ = map.advise(Advice::Sequential);
-            let _ = map.advise(Advice::WillNeed);
-        }
-        Ok(Self {
-            map: bytes::Bytes::from_owner(map),
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| mapping_failed(path, e))?;
+        prepare(map.len(), prefetch, |advice| map.advise(advice));
+        Ok(Self::over_map(bytes::Bytes::from_owner(map), path))
+    }
+
+    /// Maps the file at `path` privately, copy on write: the same page-cache pages as
+    /// [`open`](Self::open) while they are only read, but a write through an address handed
+    /// out (a tensor a Python program changes in place) copies the page it touches for this
+    /// process alone instead of faulting, and never reaches the file.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_private(path: &Path, prefetch: Prefetch) -> Result<Self> {
+        let file = open_file(path)?;
+        // SAFETY: as in `open`: the file is never modified in place by weightbay; writes to
+        // this private map stay in the process.
+        let map =
+            unsafe { MmapOptions::new().map_copy(&file) }.map_err(|e| mapping_failed(path, e))?;
+        prepare(map.len(), prefetch, |advice| map.advise(advice));
+        Ok(Self::over_map(bytes::Bytes::from_owner(map), path))
+    }
+
+    fn over_map(map: bytes::Bytes, path: &Path) -> Self {
+        Self {
+            map,
             path: path.to_path_buf(),
-        })
+        }
     }
 
     /// The mapped path.
@@ -174,6 +190,22 @@ impl MmapSource {
         check_range(range, self.len())?;
         // Within the map, so both ends fit in usize.
         Ok(range.start as usize..range.end as usize)
+    }
+}
+
+fn open_file(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))
+}
+
+fn mapping_failed(path: &Path, e: std::io::Error) -> Error {
+    Error::io(format!("mapping {}", path.display()), e)
+}
+
+/// Advice is a hint: a kernel that ignores it changes nothing but speed.
+fn prepare(len: usize, prefetch: Prefetch, advise: impl Fn(Advice) -> std::io::Result<()>) {
+    if prefetch == Prefetch::Sequential && len > 0 {
+        let _ = advise(Advice::Sequential);
+        let _ = advise(Advice::WillNeed);
     }
 }
 

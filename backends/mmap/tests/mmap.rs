@@ -71,3 +71,29 @@ fn retained_regions_outlive_source_reader_and_payload() {
         "the map outlives everything that made it"
     );
 }
+
+/// A private map hands out the file's bytes; a write through their address (what a Python
+/// program does to a tensor it loaded) changes this process's copy of the page, never the
+/// file, and never faults.
+#[test]
+fn writes_through_a_private_map_stay_in_the_process() {
+    use weightbay_mmap::MmapSource;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    std::fs::write(&path, [7u8; 4096]).unwrap();
+    let source = MmapSource::open_private(&path, Prefetch::Sequential).unwrap();
+    let bytes = source.as_bytes();
+    let view = bytes.read(AccessPolicy::ZeroCopy).unwrap();
+    let address = view.as_ptr().cast_mut();
+    // SAFETY: the map is private and writable (copy on write), 4096 bytes long, and nothing
+    // else reads it while it is written.
+    unsafe { address.add(10).write(9) };
+    assert_eq!(bytes.read(AccessPolicy::ZeroCopy).unwrap()[10], 9);
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        [7u8; 4096],
+        "the file is unchanged"
+    );
+    let shared = MmapSource::open(&path, Prefetch::OnDemand).unwrap();
+    assert_eq!(shared.as_bytes().to_vec().unwrap()[10], 7);
+}

@@ -1,0 +1,257 @@
+//! The checkpoints of a training run under one prefix: `weightbay_checkpoints::Checkpoints`,
+//! with tensors taken through DLPack.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use weightbay::{AccessPolicy, Bytes, Tensor, Writer};
+use weightbay_checkpoints::{Checkpoint, Checkpoints as Run, Retention, SaveOptions};
+use weightbay_object_store::Location;
+
+use crate::containers::{Container, chosen_format, writer};
+use crate::errors::to_py;
+
+/// Alignment of a background save's snapshot buffers.
+const SNAPSHOT_ALIGN: usize = 64;
+
+/// The checkpoints under one prefix (`run-1`, `s3://bucket/runs/run-1`).
+#[pyclass(frozen, module = "weightbay._native")]
+pub(crate) struct Checkpoints {
+    run: Run,
+    location: String,
+}
+
+impl Checkpoints {
+    /// Checkpoint `step`, or the latest complete one.
+    fn checkpoint(&self, step: Option<u64>) -> weightbay::Result<Checkpoint> {
+        match step {
+            Some(step) => self.run.open(step),
+            None => self.run.latest()?.ok_or_else(|| {
+                weightbay::Error::new(
+                    weightbay::ErrorKind::NotFound,
+                    "no complete checkpoint under this prefix",
+                )
+            }),
+        }
+    }
+}
+
+fn options(incremental: bool, metadata: Option<BTreeMap<String, String>>) -> SaveOptions {
+    let mut options = if incremental {
+        SaveOptions::incremental()
+    } else {
+        SaveOptions::default()
+    };
+    options.metadata = metadata.unwrap_or_default();
+    options
+}
+
+#[pymethods]
+impl Checkpoints {
+    #[new]
+    fn new(py: Python<'_>, location: &str) -> PyResult<Self> {
+        let parsed = py.detach(|| Location::parse(location)).map_err(to_py)?;
+        Ok(Self {
+            run: Run::over(Arc::clone(&parsed.storage), parsed.key),
+            location: location.to_owned(),
+        })
+    }
+
+    /// Saves `tensors` as checkpoint `step` and commits it: its record is written last, with
+    /// every container's CRC32C. `incremental` writes only the 1 MiB pieces an earlier
+    /// checkpoint lacks.
+    #[pyo3(signature = (step, tensors, metadata=None, format=None, incremental=false))]
+    fn save(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        tensors: Vec<(String, Bound<'_, PyAny>)>,
+        metadata: Option<BTreeMap<String, String>>,
+        format: Option<&str>,
+        incremental: bool,
+    ) -> PyResult<()> {
+        let writer = writer(&tensors, None, chosen_format(format, "")?)?;
+        py.detach(|| {
+            self.run
+                .save_with(step, writer, options(incremental, metadata))
+        })
+        .map(drop)
+        .map_err(to_py)
+    }
+
+    /// Starts saving `step` on a thread of its own and returns once the tensors are copied:
+    /// the save keeps the values they had at the call, whatever training does to them next,
+    /// at the cost of one copy of them in host memory until the save ends. One save is in
+    /// flight at a time: a second call first waits for the first.
+    #[pyo3(signature = (step, tensors, metadata=None, format=None, incremental=false))]
+    fn save_in_background(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        tensors: Vec<(String, Bound<'_, PyAny>)>,
+        metadata: Option<BTreeMap<String, String>>,
+        format: Option<&str>,
+        incremental: bool,
+    ) -> PyResult<SaveHandle> {
+        let writer = writer(&tensors, None, chosen_format(format, "")?)?;
+        let handle = py
+            .detach(|| {
+                let writer = snapshot(writer)?;
+                self.run
+                    .save_in_background(step, writer, options(incremental, metadata))
+            })
+            .map_err(to_py)?;
+        Ok(SaveHandle {
+            step,
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// The newest complete checkpoint's step, or `None`: never a save that did not commit.
+    fn latest(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        let latest = py.detach(|| self.run.latest()).map_err(to_py)?;
+        Ok(latest.map(|checkpoint| checkpoint.step()))
+    }
+
+    /// The steps of the complete checkpoints, oldest first.
+    fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        py.detach(|| self.run.steps()).map_err(to_py)
+    }
+
+    /// Opens checkpoint `step` (the latest complete one when `None`).
+    #[pyo3(signature = (step=None))]
+    fn open(&self, py: Python<'_>, step: Option<u64>) -> PyResult<Container> {
+        let reader = py
+            .detach(|| self.checkpoint(step)?.reader())
+            .map_err(|e| to_py(e.with_key(&self.location)))?;
+        Ok(Container::new(reader, self.location.clone()))
+    }
+
+    /// Deletes the checkpoints the policy does not keep (the newest is always kept) and
+    /// returns their steps.
+    #[pyo3(signature = (keep_last=None, keep_every=None))]
+    fn retain(
+        &self,
+        py: Python<'_>,
+        keep_last: Option<usize>,
+        keep_every: Option<u64>,
+    ) -> PyResult<Vec<u64>> {
+        if keep_last.is_none() && keep_every.is_none() {
+            return Err(PyValueError::new_err(
+                "retain() needs keep_last, keep_every or both",
+            ));
+        }
+        let mut policy = Retention::default();
+        policy.keep_last = keep_last;
+        policy.keep_every = keep_every.filter(|&k| k > 0);
+        py.detach(|| self.run.retain(&policy)).map_err(to_py)
+    }
+
+    /// Removes what no complete checkpoint refers to: saves that never committed (once a newer
+    /// checkpoint is complete) and abandoned uploads. `dry_run` only reports. Returns the keys
+    /// removed (or to remove) by what they were: `orphans`, `spent`, `pending`, and `refused`
+    /// (found but left alone: a record weightbay did not write).
+    #[pyo3(signature = (dry_run=false))]
+    fn gc(&self, py: Python<'_>, dry_run: bool) -> PyResult<BTreeMap<&'static str, Vec<String>>> {
+        let report = py
+            .detach(|| {
+                if dry_run {
+                    self.run.gc_plan()
+                } else {
+                    self.run.gc()
+                }
+            })
+            .map_err(to_py)?;
+        let keys = |pending: Vec<weightbay::PendingWrite>| {
+            pending.into_iter().map(|p| p.key).collect::<Vec<_>>()
+        };
+        Ok(BTreeMap::from([
+            ("orphans", report.orphans),
+            ("spent", report.spent),
+            ("pending", keys(report.pending)),
+            ("refused", keys(report.refused)),
+        ]))
+    }
+
+    /// Reads checkpoint `step` (the latest when `None`) and checks every container against the
+    /// CRC32C its commit record holds; returns the bytes checked.
+    #[pyo3(signature = (step=None))]
+    fn verify(&self, py: Python<'_>, step: Option<u64>) -> PyResult<u64> {
+        py.detach(|| self.checkpoint(step)?.verify())
+            .map(|report| report.bytes)
+            .map_err(|e| to_py(e.with_key(&self.location)))
+    }
+
+    /// Waits for the background save in flight, and raises the failure of any whose handle was
+    /// dropped. Call it before the program exits.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.run.flush()).map_err(to_py)
+    }
+}
+
+/// `writer` with every tensor's bytes copied into memory of its own: what a background save
+/// writes, so the caller may change its tensors as soon as the call returns.
+fn snapshot(writer: Writer) -> weightbay::Result<Writer> {
+    let format = writer.format();
+    let metadata = writer.metadata().clone();
+    let tensors = writer
+        .tensors()
+        .iter()
+        .map(|tensor| {
+            let bytes = tensor.bytes()?;
+            let copy =
+                Bytes::copy_from_slice(bytes.read(AccessPolicy::AllowCopy)?, SNAPSHOT_ALIGN)?;
+            Ok(Tensor::new(
+                tensor.name(),
+                tensor.dtype().clone(),
+                tensor.shape(),
+                copy,
+            ))
+        })
+        .collect::<weightbay::Result<Vec<_>>>()?;
+    let mut copied = Writer::new(tensors).with_format(format);
+    for (key, value) in metadata {
+        copied = copied.with_metadata(key, value);
+    }
+    Ok(copied)
+}
+
+/// A checkpoint saving in the background.
+#[pyclass(frozen, module = "weightbay._native")]
+pub(crate) struct SaveHandle {
+    step: u64,
+    handle: Mutex<Option<weightbay_checkpoints::SaveHandle>>,
+}
+
+#[pymethods]
+impl SaveHandle {
+    /// The step being saved.
+    #[getter]
+    fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Whether the save has ended (committed or failed).
+    fn done(&self) -> bool {
+        self.handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(weightbay_checkpoints::SaveHandle::is_finished)
+    }
+
+    /// Waits for the save to commit, and raises its failure. A second call returns at once.
+    fn wait(&self, py: Python<'_>) -> PyResult<()> {
+        let handle = self
+            .handle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match handle {
+            Some(handle) => py.detach(|| handle.wait()).map(drop).map_err(to_py),
+            None => Ok(()),
+        }
+    }
+}
