@@ -23,7 +23,7 @@ const GAP_ALLOWANCE: u64 = 10;
 /// A read gathers every run of bytes the asked-for boxes need from each container in one
 /// batched [`Source::fetch`](weightbay::Source::fetch), merging runs across gaps only while the
 /// bytes fetched stay within 10% of the bytes needed. A box that is exactly a stored slice
-/// is handed out as the container's own bytes (lazy, or zero-copy from a map).
+/// in memory already (a map) is handed out as the container's own bytes, without a copy.
 #[derive(Debug)]
 pub struct AssembledWeights {
     storage: Arc<dyn Storage>,
@@ -121,69 +121,139 @@ impl AssembledWeights {
         let mut copies: BTreeMap<String, Vec<Copy>> = BTreeMap::new();
         for (index, (name, region)) in wanted.iter().enumerate() {
             let logical = self.logical(name)?;
-            region
-                .within(&logical.shape)
-                .map_err(|e| Error::invalid(format!("reading tensor `{name}`")).with_source(e))?;
-            // Exactly a stored slice (the layout that wrote it): the container's own bytes.
+            // Exactly a stored slice (the layout that wrote it) whose bytes are in memory
+            // already (a map): the container's own bytes. Bytes still to fetch join the batch,
+            // fetched now with the rest rather than one by one later.
             if let Some(slice) = logical.slices.iter().find(|s| s.region == *region) {
                 let reader = self.reader(&slice.container)?;
                 stored_slice(&reader, name, logical, slice)?;
-                out.push(reader.bytes(name)?);
-                continue;
-            }
-            // The record is read, not trusted: every overlapping slice must be stored with the
-            // record's dtype and shape, and together they must cover the region, before
-            // anything is allocated or copied.
-            let mut overlapping = Vec::new();
-            let mut covered = 0u64;
-            let mut element_size = 0;
-            for slice in &logical.slices {
-                let Some(shared) = slice.region.intersect(region) else {
+                let bytes = reader.bytes(name)?;
+                if bytes.read(AccessPolicy::ZeroCopy).is_ok() {
+                    out.push(bytes);
                     continue;
-                };
-                let reader = self.reader(&slice.container)?;
-                let info = stored_slice(&reader, name, logical, slice)?;
-                element_size = info.dtype().element_size().ok_or_else(|| {
-                    Error::invalid(format!(
-                        "tensor `{name}` of {} cannot be sliced",
-                        info.dtype()
-                    ))
-                })?;
-                covered = covered.saturating_add(shared.elements());
-                overlapping.push((slice, shared, info.range().start));
+                }
             }
-            if covered != region.elements() {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "tensor `{name}`: the stored slices hold {covered} of the {} elements of {region:?}",
-                        region.elements()
-                    ),
-                )
-                .with_key(&self.dir));
-            }
-            // Both within the stored slices' bytes, which their readers checked.
-            let len = usize::try_from(covered * element_size)
+            let (len, runs) = self.plan(name, region)?;
+            let len = usize::try_from(len)
                 .map_err(|_| Error::new(ErrorKind::OutOfRange, "region does not fit in memory"))?;
             out.push(Bytes::zeroed(len, 64)?);
-            for (slice, shared, start) in overlapping {
-                let size = element_size;
-                copies.entry(slice.container.clone()).or_default().extend(
-                    runs(&slice.region, region, &shared)
-                        .into_iter()
-                        .map(|run| Copy {
-                            out: index,
-                            to: (run.to * size) as usize,
-                            at: start + run.from * size,
-                            len: run.len * size,
-                        }),
-                );
+            for (container, run) in runs {
+                copies
+                    .entry(container)
+                    .or_default()
+                    .push(Copy { out: index, ..run });
             }
         }
         for (container, copies) in copies {
             self.copy_from(&container, &copies, &mut out)?;
         }
         Ok(out)
+    }
+
+    /// Reads each box asked for, `(name, region, target)`, into `target` (its elements
+    /// row-major, exactly as long as the box's bytes): the bytes land once, in memory the
+    /// caller owns (a framework tensor's own storage), each container asked once with every
+    /// run it holds ([`Source::fetch_into`](weightbay::Source::fetch_into), which an object
+    /// store runs in parallel).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a target of another length than its box; as
+    /// [`read_regions`](Self::read_regions). Nothing is read unless every box is planned.
+    pub fn read_regions_into(&self, wanted: &mut [(&str, Region, &mut [u8])]) -> Result<()> {
+        let mut jobs: BTreeMap<String, Vec<(u64, &mut [u8])>> = BTreeMap::new();
+        for (name, region, target) in wanted.iter_mut() {
+            let (len, runs) = self.plan(name, region)?;
+            if len != target.len() as u64 {
+                return Err(Error::invalid(format!(
+                    "tensor `{name}`: {region:?} holds {len} bytes, the target {}",
+                    target.len()
+                )));
+            }
+            // Carve the target into the runs' pieces, in order, so each is a buffer of its own.
+            let mut rest: &mut [u8] = target;
+            let mut at = 0usize;
+            for (container, run) in runs {
+                // `plan` keeps the runs apart and inside the region, which `len` is.
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(run.to - at);
+                let (piece, tail) = tail.split_at_mut(run.len as usize);
+                rest = tail;
+                at = run.to + run.len as usize;
+                jobs.entry(container).or_default().push((run.at, piece));
+            }
+        }
+        for (container, mut jobs) in jobs {
+            self.reader(&container)?
+                .source()
+                .fetch_into(&mut jobs)
+                .map_err(|e| e.with_key(format!("{}/{container}", self.dir)))?;
+        }
+        Ok(())
+    }
+
+    /// How to read the box `region` of tensor `name`: its length in bytes, and the runs that
+    /// fill it (each with the container it is read from and `out` left 0). The record is read,
+    /// not trusted: every overlapping slice must be stored with the record's dtype and shape,
+    /// and together they must cover the region, before anything is allocated or copied.
+    fn plan(&self, name: &str, region: &Region) -> Result<(u64, Vec<(String, Copy)>)> {
+        let logical = self.logical(name)?;
+        region
+            .within(&logical.shape)
+            .map_err(|e| Error::invalid(format!("reading tensor `{name}`")).with_source(e))?;
+        let mut planned = Vec::new();
+        let mut covered = 0u64;
+        let mut element_size = 0;
+        for slice in &logical.slices {
+            let Some(shared) = slice.region.intersect(region) else {
+                continue;
+            };
+            let reader = self.reader(&slice.container)?;
+            let info = stored_slice(&reader, name, logical, slice)?;
+            element_size = info.dtype().element_size().ok_or_else(|| {
+                Error::invalid(format!(
+                    "tensor `{name}` of {} cannot be sliced",
+                    info.dtype()
+                ))
+            })?;
+            covered = covered.saturating_add(shared.elements());
+            let start = info.range().start;
+            let size = element_size;
+            // Within the stored slice's bytes, which its reader checked, and within the
+            // region's, which `covered` bounds below.
+            planned.extend(runs(&slice.region, region, &shared).into_iter().map(|run| {
+                let copy = Copy {
+                    out: 0,
+                    to: (run.to * size) as usize,
+                    at: start + run.from * size,
+                    len: run.len * size,
+                };
+                (slice.container.clone(), copy)
+            }));
+        }
+        if covered != region.elements() {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!(
+                    "tensor `{name}`: the stored slices hold {covered} of the {} elements of {region:?}",
+                    region.elements()
+                ),
+            )
+            .with_key(&self.dir));
+        }
+        // Slices that overlap (a planted record) count some elements twice and leave others
+        // unread: in order, each run must start where the last one ended.
+        planned.sort_unstable_by_key(|(_, run)| run.to);
+        let mut end = 0;
+        for (_, run) in &planned {
+            if run.to != end {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("tensor `{name}`: the stored slices of {region:?} overlap"),
+                )
+                .with_key(&self.dir));
+            }
+            end = run.to + run.len as usize;
+        }
+        Ok((covered * element_size, planned))
     }
 
     /// Fetches the byte runs `copies` need from `container`, merged as [`GAP_ALLOWANCE`]
@@ -238,8 +308,13 @@ impl AssembledWeights {
         Ok(())
     }
 
-    /// The dtype of tensor `name`, as its first slice's container stores it.
-    fn dtype(&self, name: &str) -> Result<DType> {
+    /// The dtype of tensor `name`, as its first slice's container stores it (the commit
+    /// record's spelling of it is for people; this is what a read gives).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] for a name the checkpoint lacks, or a container without it;
+    /// the storage's errors.
+    pub fn dtype(&self, name: &str) -> Result<DType> {
         let logical = self.logical(name)?;
         let first = logical.slices.first().ok_or_else(|| {
             Error::new(ErrorKind::Corrupt, format!("tensor `{name}` has no slices"))

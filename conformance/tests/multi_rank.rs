@@ -366,7 +366,9 @@ fn ranks_finishing_together_read_the_manifests_once() {
 }
 
 /// A commit record edited to disagree with the containers (another dtype, a shape far larger
-/// than what is stored) gives a clear error when read, never a panic or a huge allocation.
+/// than what is stored, slices moved to overlap while their element count still adds up)
+/// gives a clear error when read, never a panic, a huge allocation or zeros for what no slice
+/// holds.
 #[test]
 fn a_record_that_disagrees_with_its_containers_is_refused_when_read() {
     let model = SlicedModel::new(2, &[("w", DType::F32, &[8, 4], Split::Along(0))]);
@@ -375,6 +377,10 @@ fn a_record_that_disagrees_with_its_containers_is_refused_when_read() {
         (
             "\"shape\": [\n        8,",
             "\"shape\": [\n        800000000000,",
+        ),
+        (
+            "\"offsets\": [\n              4,",
+            "\"offsets\": [\n              3,",
         ),
     ] {
         let storage = Arc::new(MemoryStorage::new());
@@ -393,13 +399,23 @@ fn a_record_that_disagrees_with_its_containers_is_refused_when_read() {
         let weights = checkpoints.open(2).unwrap().assembled().unwrap();
         let error = weights.read("w").unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Corrupt, "{to}: {error}");
+        // The stored box read into memory of its own size: refused alike where the slices
+        // overlap (a box the slices do cover, under the larger shape, reads fine).
+        if to.contains("offsets") {
+            let mut target = vec![0; 8 * 4 * 4];
+            let error = weights
+                .read_regions_into(&mut [("w", Region::new([0, 0], [8, 4]), &mut target)])
+                .unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::Corrupt, "{to}: {error}");
+        }
     }
 }
 
 /// Regions asked for together may overlap, and may be exactly a stored slice: each reads
-/// what it asked for.
+/// what it asked for, into memory of its own or into the caller's. A target of the wrong
+/// length is refused before any read.
 #[test]
-fn overlapping_regions_read_together_each_get_their_bytes() {
+fn regions_read_together_each_get_their_bytes() {
     let model = SlicedModel::new(4, &[("w", DType::U16, &[12, 10], Split::Along(0))]);
     let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
     save_all(&checkpoints, 4, &model, 3);
@@ -408,15 +424,32 @@ fn overlapping_regions_read_together_each_get_their_bytes() {
         Region::new([0, 0], [12, 10]),
         Region::new([2, 3], [7, 5]),
         Region::new([3, 0], [6, 10]),
+        Region::new([5, 0], [2, 10]),
         Region::split(&[12, 10], 0, 3, 1),
     ];
+    let expected: Vec<Vec<u8>> = regions
+        .iter()
+        .map(|region| model.region_bytes(&model.tensors[0], region))
+        .collect();
     let wanted: Vec<(&str, Region)> = regions.iter().map(|r| ("w", r.clone())).collect();
-    let read = weights.read_regions(&wanted).unwrap();
-    for (region, bytes) in regions.iter().zip(read) {
-        assert_eq!(
-            bytes.to_vec().unwrap(),
-            model.region_bytes(&model.tensors[0], region),
-            "{region:?}"
-        );
-    }
+    let read: Vec<Vec<u8>> = weights
+        .read_regions(&wanted)
+        .unwrap()
+        .iter()
+        .map(|bytes| bytes.to_vec().unwrap())
+        .collect();
+    assert_eq!(read, expected, "read into memory of its own");
+    let mut targets: Vec<Vec<u8>> = expected.iter().map(|e| vec![0xAA; e.len()]).collect();
+    let mut wanted: Vec<(&str, Region, &mut [u8])> = regions
+        .iter()
+        .zip(targets.iter_mut())
+        .map(|(r, t)| ("w", r.clone(), t.as_mut_slice()))
+        .collect();
+    weights.read_regions_into(&mut wanted).unwrap();
+    assert_eq!(targets, expected, "read into the caller's memory");
+    let mut short = vec![0; 10];
+    let error = weights
+        .read_regions_into(&mut [("w", Region::new([0, 0], [1, 10]), &mut short)])
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidInput, "{error}");
 }

@@ -21,25 +21,19 @@ from typing import Any
 import safetensors.torch
 import torch
 import weightbay
+from layouts import LAYER_SHAPES, elements
 
 PAGE = 4096
 
 
 def transformer(size_mib: int) -> dict[str, torch.Tensor]:
     """bf16 layers of a 1024-wide transformer (attention, MLP, norms) until `size_mib`."""
-    hidden, tensors, total, layer = 1024, {}, 0, 0
+    tensors, total, layer = {}, 0, 0
     while total < size_mib << 20:
-        shapes = {
-            "attn.qkv.weight": (3 * hidden, hidden),
-            "attn.out.weight": (hidden, hidden),
-            "mlp.up.weight": (4 * hidden, hidden),
-            "mlp.down.weight": (hidden, 4 * hidden),
-            "norm.weight": (hidden,),
-        }
-        for name, shape in shapes.items():
+        for name, shape in LAYER_SHAPES.items():
             weight = torch.full(shape, float(layer), dtype=torch.bfloat16)
             tensors[f"layers.{layer}.{name}"] = weight
-            total += 2 * int(torch.Size(shape).numel())
+            total += 2 * elements(shape)
         layer += 1
     return tensors
 

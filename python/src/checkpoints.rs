@@ -7,11 +7,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use weightbay::{AccessPolicy, Bytes, Tensor, Writer};
-use weightbay_checkpoints::{Checkpoint, Checkpoints as Run, Retention, SaveOptions};
+use weightbay_checkpoints::{
+    Checkpoint, Checkpoints as Run, RankOutcome, RankSave, Region, Retention, SaveOptions,
+};
 use weightbay_object_store::Location;
 
+use crate::assembled::Assembled;
 use crate::containers::{Container, chosen_format, writer};
 use crate::errors::to_py;
+
+/// A tensor that is a box of a larger one: the whole tensor's shape and the box's offsets.
+type SliceOf = (Vec<u64>, Vec<u64>);
 
 /// Alignment of a background save's snapshot buffers.
 const SNAPSHOT_ALIGN: usize = 64;
@@ -109,6 +115,84 @@ impl Checkpoints {
         })
     }
 
+    /// Saves rank `rank`'s part of checkpoint `step`, written by `world_size` ranks (the
+    /// protocol of `weightbay_checkpoints::RankSave`). `slices` names the tensors that are
+    /// boxes of larger ones: name to (the whole tensor's shape, the box's offsets); the box's
+    /// lengths are the tensor's shape. With `commit`, the rank that sees every rank's part
+    /// commits; without, none does, and the caller commits with `commit_ranks` once all are
+    /// written. Returns how the rank ended: `"committed"`, `"committed_by_another"`,
+    /// `"written"` (ranks still missing) or `"committing"`.
+    #[pyo3(signature = (step, rank, world_size, tensors, slices=None, metadata=None, format=None, commit=true))]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the Python signature: keyword arguments with defaults"
+    )]
+    fn save_rank(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        tensors: Vec<(String, Bound<'_, PyAny>)>,
+        slices: Option<BTreeMap<String, SliceOf>>,
+        metadata: Option<BTreeMap<String, String>>,
+        format: Option<&str>,
+        commit: bool,
+    ) -> PyResult<&'static str> {
+        let writer = writer(&tensors, metadata, chosen_format(format, "")?)?;
+        // A box is as long as the tensor given for it; a slice of a name not given gets no
+        // lengths, and the save refuses it, naming it.
+        let regions: Vec<(String, Vec<u64>, Region)> = slices
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, (shape, offsets))| {
+                let lengths = writer
+                    .tensors()
+                    .iter()
+                    .find(|tensor| tensor.name() == name)
+                    .map(|tensor| tensor.shape().to_vec())
+                    .unwrap_or_default();
+                (name, shape, Region::new(offsets, lengths))
+            })
+            .collect();
+        let mut save = RankSave::new(rank, world_size, writer);
+        for (name, shape, region) in regions {
+            save = save.with_slice(name, shape, region);
+        }
+        if !commit {
+            save = save.with_rendezvous(|| Ok(false));
+        }
+        let outcome = py
+            .detach(|| self.run.save_rank(step, save))
+            .map_err(to_py)?;
+        Ok(match outcome {
+            RankOutcome::Committed(_) => "committed",
+            RankOutcome::CommittedByAnother(_) => "committed_by_another",
+            RankOutcome::Written { .. } => "written",
+            RankOutcome::Committing => "committing",
+        })
+    }
+
+    /// Commits `step` from its `world_size` rank parts, all of which must be written. A step
+    /// committed already is checked to be what the parts make.
+    fn commit_ranks(&self, py: Python<'_>, step: u64, world_size: u32) -> PyResult<()> {
+        py.detach(|| self.run.commit_ranks(step, world_size))
+            .map(drop)
+            .map_err(to_py)
+    }
+
+    /// The tensors of checkpoint `step` (the latest complete one when `None`), written by
+    /// several ranks, for reading by region whatever layout wrote them.
+    #[pyo3(signature = (step=None))]
+    fn assembled(&self, py: Python<'_>, step: Option<u64>) -> PyResult<Assembled> {
+        py.detach(|| {
+            let checkpoint = self.checkpoint(step)?;
+            let weights = checkpoint.assembled()?;
+            Ok(Assembled::new(&checkpoint, weights))
+        })
+        .map_err(|e: weightbay::Error| to_py(e.with_key(&self.location)))
+    }
+
     /// The newest complete checkpoint's step, or `None`: never a save that did not commit.
     fn latest(&self, py: Python<'_>) -> PyResult<Option<u64>> {
         let latest = py.detach(|| self.run.latest()).map_err(to_py)?;
@@ -192,24 +276,57 @@ impl Checkpoints {
 }
 
 /// `writer` with every tensor's bytes copied into memory of its own: what a background save
-/// writes, so the caller may change its tensors as soon as the call returns.
+/// writes, so the caller may change its tensors as soon as the call returns. The copies run on
+/// every core, the tensors dealt out by size: the caller waits for them (torch's own copies
+/// are as parallel), and on one thread the fresh pages' faults set the pace.
 fn snapshot(writer: Writer) -> weightbay::Result<Writer> {
     let format = writer.format();
     let metadata = writer.metadata().clone();
-    let tensors = writer
-        .tensors()
-        .iter()
-        .map(|tensor| {
-            let bytes = tensor.bytes()?;
-            let copy =
-                Bytes::copy_from_slice(bytes.read(AccessPolicy::AllowCopy)?, SNAPSHOT_ALIGN)?;
-            Ok(Tensor::new(
-                tensor.name(),
-                tensor.dtype().clone(),
-                tensor.shape(),
-                copy,
-            ))
-        })
+    let tensors = writer.tensors();
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut shares: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); threads];
+    let mut by_size: Vec<usize> = (0..tensors.len()).collect();
+    by_size.sort_unstable_by_key(|&i| std::cmp::Reverse(tensors[i].byte_len()));
+    for index in by_size {
+        let least = shares
+            .iter_mut()
+            .min_by_key(|(bytes, _)| *bytes)
+            .expect("at least one thread");
+        least.0 += tensors[index].byte_len();
+        least.1.push(index);
+    }
+    let copy = |tensor: &Tensor| -> weightbay::Result<Tensor> {
+        let bytes = tensor.bytes()?;
+        let copy = Bytes::copy_from_slice(bytes.read(AccessPolicy::AllowCopy)?, SNAPSHOT_ALIGN)?;
+        Ok(Tensor::new(
+            tensor.name(),
+            tensor.dtype().clone(),
+            tensor.shape(),
+            copy,
+        ))
+    };
+    let copied: Vec<Vec<(usize, weightbay::Result<Tensor>)>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = shares
+            .iter()
+            .map(|(_, share)| {
+                scope.spawn(|| share.iter().map(|&i| (i, copy(&tensors[i]))).collect())
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| {
+                worker
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let mut in_order: Vec<(usize, weightbay::Result<Tensor>)> =
+        copied.into_iter().flatten().collect();
+    in_order.sort_unstable_by_key(|(index, _)| *index);
+    let tensors = in_order
+        .into_iter()
+        .map(|(_, tensor)| tensor)
         .collect::<weightbay::Result<Vec<_>>>()?;
     let mut copied = Writer::new(tensors).with_format(format);
     for (key, value) in metadata {

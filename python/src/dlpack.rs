@@ -1,7 +1,7 @@
 //! DLPack, the tensor exchange torch, numpy and JAX share (`__dlpack__` / `from_dlpack`): the
-//! tensors a save takes are read where they lie, and the tensors a load gives view memory
-//! weightbay owns (a buffer each tensor landed in, or the pages of a private memory map), so
-//! neither direction copies.
+//! tensors a save takes are read where they lie, a read in place fills the caller's tensors,
+//! and the tensors a load gives view memory weightbay owns (a buffer each tensor landed in, or
+//! the pages of a private memory map), so no direction copies.
 //!
 //! The structs are DLPack 0.8's ABI (`dlpack.h`), the unversioned capsule `dltensor` every
 //! producer and consumer speaks. Float8 codes are DLPack 1.1's.
@@ -101,10 +101,52 @@ pub(crate) struct ImportedTensor {
     pub(crate) bytes: Bytes,
 }
 
-/// Takes `object`'s memory through `__dlpack__()`, checked before anything is consumed: host
-/// memory, a dtype the containers store, a compact row-major layout. Every error names
-/// `name`.
+/// Takes `object`'s memory through `__dlpack__()`, to be read: see [`consume`].
 pub(crate) fn import(name: &str, object: &Bound<'_, PyAny>) -> PyResult<ImportedTensor> {
+    let (dtype, shape, memory) = consume(name, object)?;
+    Ok(ImportedTensor {
+        dtype,
+        shape,
+        bytes: Bytes::from_shared(SharedBytes::from_owner(memory), AllocationProperty::Shared),
+    })
+}
+
+/// A tensor a caller passed to be filled in place: its stored dtype, shape and memory.
+pub(crate) struct TargetTensor {
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<u64>,
+    memory: Consumed,
+}
+
+impl TargetTensor {
+    /// Where the tensor's bytes start, to tell targets that share memory apart.
+    pub(crate) fn address(&self) -> usize {
+        self.memory.data as usize
+    }
+
+    /// The tensor's bytes, to be written.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `data` addresses `len` bytes of the producer's tensor (a dangling, aligned
+        // pointer for none), alive until the memory drops; `&mut self` makes this the only slice of it weightbay holds, and the
+        // caller refuses targets whose memory overlaps. The tensor's other Python views are
+        // the caller's to leave alone while the read runs (documented on the read).
+        unsafe { std::slice::from_raw_parts_mut(self.memory.data.cast_mut(), self.memory.len) }
+    }
+}
+
+/// Takes `object`'s memory through `__dlpack__()`, to be written in place: as [`consume`].
+pub(crate) fn import_target(name: &str, object: &Bound<'_, PyAny>) -> PyResult<TargetTensor> {
+    let (dtype, shape, memory) = consume(name, object)?;
+    Ok(TargetTensor {
+        dtype,
+        shape,
+        memory,
+    })
+}
+
+/// Consumes `object`'s DLPack capsule, checked before anything is consumed: host memory, a
+/// dtype the containers store, a compact row-major layout. Every error names `name`.
+fn consume(name: &str, object: &Bound<'_, PyAny>) -> PyResult<(DType, Vec<u64>, Consumed)> {
     let refuse = |what: String| PyValueError::new_err(format!("tensor `{name}`: {what}"));
     if !object.hasattr("__dlpack__")? {
         return Err(PyTypeError::new_err(format!(
@@ -164,12 +206,7 @@ pub(crate) fn import(name: &str, object: &Bound<'_, PyAny>) -> PyResult<Imported
     if renamed != 0 {
         return Err(PyErr::fetch(object.py()));
     }
-    let owner = Consumed { managed, data, len };
-    Ok(ImportedTensor {
-        dtype,
-        shape,
-        bytes: Bytes::from_shared(SharedBytes::from_owner(owner), AllocationProperty::Shared),
-    })
+    Ok((dtype, shape, Consumed { managed, data, len }))
 }
 
 /// The dimensions of `tensor`, each checked to be non-negative.
