@@ -116,11 +116,7 @@ impl Assembled {
     /// memory: a compact host tensor of the stored dtype with as many elements as the box.
     /// Nothing is read unless every target passes; the targets must not share memory, and
     /// nothing else may use them until the call returns (the GIL is released meanwhile).
-    fn read_regions_into(
-        &self,
-        py: Python<'_>,
-        wanted: Vec<InPlace<'_>>,
-    ) -> PyResult<()> {
+    fn read_regions_into(&self, py: Python<'_>, wanted: Vec<InPlace<'_>>) -> PyResult<()> {
         let mut targets: Vec<(String, Region, TargetTensor)> = Vec::with_capacity(wanted.len());
         for (name, offsets, lengths, object) in wanted {
             let target = dlpack::import_target(&name, &object)?;

@@ -127,9 +127,10 @@ impl TargetTensor {
     /// The tensor's bytes, to be written.
     pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: `data` addresses `len` bytes of the producer's tensor (a dangling, aligned
-        // pointer for none), alive until the memory drops; `&mut self` makes this the only slice of it weightbay holds, and the
-        // caller refuses targets whose memory overlaps. The tensor's other Python views are
-        // the caller's to leave alone while the read runs (documented on the read).
+        // pointer for none), alive until the memory drops; `&mut self` makes this the only
+        // slice of it weightbay holds, and the caller refuses targets whose memory overlaps.
+        // The tensor's other Python views are the caller's to leave alone while the read runs
+        // (documented on the read).
         unsafe { std::slice::from_raw_parts_mut(self.memory.data.cast_mut(), self.memory.len) }
     }
 }

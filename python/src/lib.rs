@@ -1,7 +1,8 @@
 //! `weightbay._native`, the extension module under the `weightbay` Python package
-//! (`py_src/weightbay`): containers (`containers`), the checkpoints of a run
-//! (`checkpoints`) and those several ranks wrote, read by region (`assembled`), tensors exchanged through DLPack (`dlpack`) and errors raised as
-//! Python exceptions (`errors`). Every call that touches storage releases the GIL.
+//! (`py_src/weightbay`): containers (`containers`), the checkpoints of a run (`checkpoints`)
+//! and those several ranks wrote, read by region (`assembled`), tensors exchanged through
+//! DLPack (`dlpack`) and errors raised as Python exceptions (`errors`). Every call that
+//! touches storage releases the GIL.
 //!
 //! Its tests are pytest's (`python/tests`), run by `scripts/test.sh` against the real stores.
 
