@@ -6,6 +6,7 @@ world sizes 4, 2 and 1, ranks killed part way through a save, background saves, 
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import socket
 import subprocess
@@ -141,6 +142,61 @@ def test_a_read_in_place_refuses_targets_that_share_memory_or_dtype_mismatches(
     apart = torch.zeros(8)
     assembled.read_regions_into([("w", [0], [4], apart[:4]), ("w", [4], [4], apart[4:])])
     assert torch.equal(apart, state["w"])
+
+
+def test_a_checkpoint_filesystem_writer_wrote_loads_and_moves_to_a_run(tmp_path: Path) -> None:
+    state: dict[str, Any] = {"model": every_dtype(), "epoch": 3, "config": {"lr": 0.1}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / "dcp"))
+    for reader, checkpoint_id in [
+        (weightbay.torch.StorageReader(tmp_path / "dcp"), None),
+        (weightbay.torch.StorageReader(), tmp_path / "dcp"),
+    ]:
+        loaded = zeros_like(state)
+        dcp.load(loaded, checkpoint_id=checkpoint_id, storage_reader=reader)
+        for name, tensor in state["model"].items():
+            assert same_bits(loaded["model"][name], tensor), name
+        assert loaded["epoch"] == 3
+        assert loaded["config"] == {"lr": 0.1}
+    # Moved over: loaded from the old directory, saved as a step of a run.
+    dcp.save(loaded, storage_writer=weightbay.torch.StorageWriter(tmp_path / "run", 1))
+    assert weightbay.Checkpoints(tmp_path / "run").steps() == [1]
+
+
+class _Planted:
+    """A pickle that runs a command when loaded, as a planted ``.metadata`` would."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_filesystem_metadata_is_refused_and_runs_nothing(tmp_path: Path) -> None:
+    state = {"w": torch.arange(4.0)}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / "dcp"))
+    metadata = tmp_path / "dcp" / ".metadata"
+    original = metadata.read_bytes()
+
+    def load() -> None:
+        reader = weightbay.torch.StorageReader(metadata.parent)
+        dcp.load({"w": torch.zeros(4)}, storage_reader=reader)
+
+    marker = tmp_path / "ran"
+    metadata.write_bytes(pickle.dumps(_Planted(marker)))
+    with pytest.raises(DCP_FAILURES, match=r"names \w+\.system, which DCP's metadata"):
+        load()
+    assert not marker.exists()
+    # An item whose file lies outside the directory: refused, naming the item.
+    escaped = pickle.loads(original)
+    for info in escaped.storage_data.values():
+        info.relative_path = "../outside.distcp"
+    metadata.write_bytes(pickle.dumps(escaped))
+    with pytest.raises(DCP_FAILURES, match=re.escape("item 'w' names the file '../outside")):
+        load()
+    metadata.write_bytes(b"\x80\x05not a pickle")
+    with pytest.raises(DCP_FAILURES, match="not DCP's metadata"):
+        load()
 
 
 def free_port() -> int:

@@ -27,8 +27,12 @@ contiguous host tensors of the stored dtype (others are read and copied with ``c
 The run prefix is a weightbay run like any other: ``weightbay ls``, ``verify``, ``gc`` and
 ``cp`` work on it, and :class:`weightbay.Checkpoints` retains and collects it.
 
-What is not here: reading a checkpoint ``FileSystemWriter`` wrote (its metadata is a pickle),
-incremental saves through DCP, and DCP's mode without collectives (``use_collectives=False``).
+:class:`StorageReader` also reads a local directory DCP's ``FileSystemWriter`` wrote, without
+trusting its pickle (see :mod:`weightbay._dcp_files`).
+
+What is not here: incremental saves and tiered locations through DCP, DCP's mode without
+collectives (``use_collectives=False``), and ``FileSystemReader`` reading what
+:class:`StorageWriter` saves.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from torch.futures import Future
 
 import weightbay
 from weightbay import _native
+from weightbay._dcp_files import FileSystemCheckpointReader, is_filesystem_checkpoint
 
 __all__ = ["StorageReader", "StorageWriter"]
 
@@ -281,7 +286,14 @@ class StorageWriter(dcp.StorageWriter, BlockingAsyncStager):
 class StorageReader(dcp.StorageReader):
     """Loads a DCP checkpoint saved by :class:`StorageWriter`: step ``step`` of the run at
     ``location``, or its newest complete checkpoint. The step may instead come from
-    ``dcp.load(..., checkpoint_id=".../step-N")``."""
+    ``dcp.load(..., checkpoint_id=".../step-N")``.
+
+    A local directory DCP's own ``FileSystemWriter`` completed (it holds ``.metadata``) is
+    read too, as ``FileSystemReader`` reads it but with its pickled metadata unpickled from
+    an allowlist of the classes DCP's metadata is made of, and every item's file checked to
+    be a plain name inside the directory: load it here and save it with
+    :class:`StorageWriter` to move a run over. The other direction does not work:
+    ``FileSystemReader`` cannot read what :class:`StorageWriter` saves."""
 
     def __init__(
         self, location: str | os.PathLike[str] | None = None, step: int | None = None
@@ -291,18 +303,34 @@ class StorageReader(dcp.StorageReader):
         self._step = step
         self._assembled: _native.Assembled | None = None
         self._layout: dict[str, tuple[str, list[int], list[tuple[list[int], list[int]]]]] = {}
+        self._files = self._filesystem_reader(location, step)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id is not None:
-            self._location, self._step = _parsed(checkpoint_id)
         self._assembled = None
+        if checkpoint_id is not None:
+            self._files = self._filesystem_reader(checkpoint_id, None)
+            if self._files is None:
+                self._location, self._step = _parsed(checkpoint_id)
+        elif self._files is not None:
+            self._files.reset()
+
+    @staticmethod
+    def _filesystem_reader(
+        location: str | os.PathLike[str] | None, step: int | None
+    ) -> FileSystemCheckpointReader | None:
+        """The reader of ``location`` when it is a checkpoint ``FileSystemWriter`` wrote."""
+        if location is None or step is not None or not is_filesystem_checkpoint(location):
+            return None
+        return FileSystemCheckpointReader(os.fspath(location).removeprefix("file://"))
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return _split(checkpoint_id) is not None
+        return _split(checkpoint_id) is not None or is_filesystem_checkpoint(checkpoint_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         """DCP's metadata, rebuilt from the commit record: nothing is unpickled."""
+        if self._files is not None:
+            return self._files.read_metadata(*args, **kwargs)
         assembled = self._open()
         catalog = _catalog(assembled)
         byte_items = set(catalog.get("bytes", []))
@@ -343,6 +371,9 @@ class StorageReader(dcp.StorageReader):
     ) -> None:
         """Pins every rank to the step the coordinator's metadata describes, though a newer one
         may commit meanwhile."""
+        if self._files is not None:
+            self._files.set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+            return
         meta = metadata.storage_meta
         if meta is not None and meta.checkpoint_id is not None:
             pinned = _split(meta.checkpoint_id)
@@ -351,9 +382,14 @@ class StorageReader(dcp.StorageReader):
                 self._assembled = None
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        if self._files is not None:
+            return self._files.prepare_local_plan(plan)
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        if self._files is not None:
+            planned: list[LoadPlan] = self._files.prepare_global_plan(plans)
+            return planned
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
@@ -361,6 +397,8 @@ class StorageReader(dcp.StorageReader):
         each batch one fetch per container of only the byte runs it needs. A box whose target
         is a contiguous host tensor of the stored dtype lands in the target's own memory; any
         other is read into memory of its own and copied (``copy_`` converts dtypes)."""
+        if self._files is not None:
+            return self._files.read_data(plan, planner)
         assembled = self._open()
         for batch in self._batches(plan.items):
             in_place: list[tuple[ReadItem, torch.Tensor]] = []
