@@ -401,8 +401,9 @@ class StorageReader(dcp.StorageReader):
             return self._files.read_data(plan, planner)
         assembled = self._open()
         for batch in self._batches(plan.items):
+            # Each target is resolved once: a planner's resolve_tensor may do work.
             in_place: list[tuple[ReadItem, torch.Tensor]] = []
-            copied: list[ReadItem] = []
+            copied: list[tuple[ReadItem, torch.Tensor | None]] = []
             for item in batch:
                 target = None
                 if item.type != LoadItemType.BYTE_IO:
@@ -411,20 +412,19 @@ class StorageReader(dcp.StorageReader):
                 if target is not None and self._lands_in_place(item, target):
                     in_place.append((item, target))
                 else:
-                    copied.append(item)
+                    copied.append((item, target))
             assembled.read_regions_into(
                 [(*self._region(item), target) for item, target in in_place]
             )
             for item, target in in_place:
                 planner.commit_tensor(item, target)
-            wanted = [self._region(item) for item in copied]
-            for item, landed in zip(copied, assembled.read_regions(wanted), strict=True):
-                if item.type == LoadItemType.BYTE_IO:
+            wanted = [self._region(item) for item, _ in copied]
+            for (item, target), landed in zip(copied, assembled.read_regions(wanted), strict=True):
+                if target is None:
                     planner.load_bytes(
                         item, io.BytesIO(torch.from_dlpack(landed).numpy().tobytes())
                     )
                     continue
-                target = planner.resolve_tensor(item).detach()
                 target.copy_(torch.from_dlpack(landed))
                 planner.commit_tensor(item, target)
         done: Future[None] = Future()
