@@ -277,13 +277,14 @@ impl Checkpoints {
 
 /// `writer` with every tensor's bytes copied into memory of its own: what a background save
 /// writes, so the caller may change its tensors as soon as the call returns. The copies run on
-/// every core, the tensors dealt out by size: the caller waits for them (torch's own copies
-/// are as parallel), and on one thread the fresh pages' faults set the pace.
+/// every core (up to 8), the tensors dealt out by size: the caller waits for them (torch's own
+/// copies are as parallel), and on one thread the fresh pages' faults set the pace.
 fn snapshot(writer: Writer) -> weightbay::Result<Writer> {
     let format = writer.format();
     let metadata = writer.metadata().clone();
     let tensors = writer.tensors();
-    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    // Past a few threads the copies wait on memory bandwidth, not on one another.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
     let mut shares: Vec<(u64, Vec<usize>)> = vec![(0, Vec::new()); threads];
     let mut by_size: Vec<usize> = (0..tensors.len()).collect();
     by_size.sort_unstable_by_key(|&i| std::cmp::Reverse(tensors[i].byte_len()));
