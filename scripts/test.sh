@@ -38,7 +38,7 @@ for server in s3 gcs azure proxy; do
     fi
 done
 
-step "Python test dependencies (torch, safetensors, maturin, pytest, mypy, ruff) in the cached venv"
+step "Python test dependencies (torch, transformers, safetensors, maturin, pytest, mypy, ruff) in the cached venv"
 venv=${WEIGHTBAY_CACHE:-$HOME/.cache/weightbay}/venv
 python_ready=0
 if [ -x "$venv/bin/python" ] && "$venv/bin/pip" install -q -r python/requirements-test.txt >&2; then

@@ -57,7 +57,7 @@
 //! module: the stored schema (`record`), where keys lie (`layout`), saving in the foreground
 //! (`save`) and the background (`background`), incremental saves (`incremental`, `content`)
 //! and their reads (`spliced`), finding checkpoints (`listing`), retention and
-//! gc (`retention`), copies (`copy`), one checkpoint and its verification (`checkpoint`), rank
+//! gc (`retention`), copies (`copy`), export to the Hugging Face layout (`export`), one checkpoint and its verification (`checkpoint`), rank
 //! saves (`ranks`) and their merge (`merge`), and loading in any rank layout (`assembled`,
 //! `region`).
 
@@ -72,6 +72,7 @@ mod checkpoint;
 mod checkpoints;
 mod content;
 mod copy;
+mod export;
 mod following;
 mod in_flight;
 mod incremental;
@@ -94,6 +95,7 @@ pub use background::SaveHandle;
 pub use checkpoint::{Checkpoint, CheckpointReport};
 pub use checkpoints::{Checkpoints, DEFAULT_REFERENCE_LEASE};
 pub use content::DEFAULT_CHUNK_LEN;
+pub use export::{EXPORT_INDEX, ExportOptions, ExportSummary, export_tensors};
 pub use incremental::Incremental;
 pub use layout::{COMMIT_RECORD, RANKS_DIR};
 pub use listing::{RankProgress, StepState, StepStatus};

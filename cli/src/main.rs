@@ -2,6 +2,7 @@
 
 mod demo;
 mod escape;
+mod export;
 mod progress;
 mod target;
 mod tiers;
@@ -14,7 +15,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use escape::escaped;
 use target::{Target, resolve};
 use weightbay::Format;
+use weightbay::backend_kit::read_in_order;
 use weightbay::{Durability, ErrorKind, Reader, Result, Scalar, StorageExt, WriteMode, Writer};
+use weightbay::{ShardChecksum, ShardedWeights};
 use weightbay_checkpoints::{Checkpoints, Retention, StepState, StepStatus, Tiered};
 use weightbay_object_store::Location;
 
@@ -112,6 +115,10 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Write a checkpoint (any rank layout, incremental or tiered), sharded set or container
+    /// as a Hugging Face model directory: `model-0000k-of-0000N.safetensors` shards and
+    /// `model.safetensors.index.json`, written last, with every shard's CRC32C for `verify`.
+    Export(export::ExportArgs),
     /// Write a synthetic ~1 GiB checkpoint to a local file and an embedded object store, read
     /// it back, verify it, and report speeds. Needs nothing else running.
     Demo {
@@ -252,21 +259,29 @@ fn run(command: Command) -> Result<ExitCode> {
             let location = locate(&url)?;
             match restarting(&url, || resolve(&location))? {
                 Target::Container(_) => {
-                    verify_containers(&url, require_checksums, || match resolve(&location)? {
-                        Target::Container(reader) => Ok(vec![(url.clone(), reader)]),
-                        _ => Err(weightbay::Error::new(
-                            ErrorKind::Changed,
-                            "no longer a container",
-                        )),
+                    let unrecorded = |_: &str| None;
+                    verify_containers(&url, require_checksums, unrecorded, || {
+                        match resolve(&location)? {
+                            Target::Container(reader) => Ok(vec![(url.clone(), reader)]),
+                            _ => Err(weightbay::Error::new(
+                                ErrorKind::Changed,
+                                "no longer a container",
+                            )),
+                        }
                     })
                 }
                 Target::Sharded(_) => {
-                    verify_containers(&url, require_checksums, || match resolve(&location)? {
-                        Target::Sharded(shards) => Ok(shards),
-                        _ => Err(weightbay::Error::new(
-                            ErrorKind::Changed,
-                            "no longer an index",
-                        )),
+                    // An export's index records every shard's length and CRC32C.
+                    let index = ShardedWeights::open(Arc::clone(&location.storage), &location.key)?;
+                    let recorded = |key: &str| index.recorded_checksum(key);
+                    verify_containers(&url, require_checksums, recorded, || {
+                        match resolve(&location)? {
+                            Target::Sharded(shards) => Ok(shards),
+                            _ => Err(weightbay::Error::new(
+                                ErrorKind::Changed,
+                                "no longer an index",
+                            )),
+                        }
                     })
                 }
                 Target::Checkpoints(checkpoints) => {
@@ -391,6 +406,7 @@ fn run(command: Command) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Export(args) => export::run(args),
         Command::Demo { size_mib, dir } => demo::run(size_mib, dir).map(|()| ExitCode::SUCCESS),
     }
 }
@@ -465,16 +481,37 @@ fn checkpoints_at(url: &str) -> Result<Checkpoints> {
 }
 
 /// Verifies every container `open` returns (again from the start if one is replaced
-/// meanwhile), one line each.
+/// meanwhile), one line each, and every byte of those whose length and CRC32C `recorded`
+/// knows against them.
 fn verify_containers(
     url: &str,
     require_checksums: bool,
+    recorded: impl Fn(&str) -> Option<ShardChecksum>,
     mut open: impl FnMut() -> Result<Vec<(String, Reader)>>,
 ) -> Result<ExitCode> {
     let reports = restarting(url, || {
         open()?
             .into_iter()
-            .map(|(key, reader)| Ok((key, reader.verify()?)))
+            .map(|(key, reader)| {
+                let mut report = reader.verify().map_err(|e| e.with_key(&key))?;
+                if let Some(expected) = recorded(&key) {
+                    let source = reader.source();
+                    let crc = read_in_order(source.as_ref(), 0..source.len(), |_| Ok(()))
+                        .map_err(|e| e.with_key(&key))?;
+                    if (source.len(), crc) != (expected.len, expected.crc32c) {
+                        return Err(weightbay::Error::corrupt(format!(
+                            "{} bytes with CRC32C {crc:08x}; the index records {} bytes with \
+                             {:08x}",
+                            source.len(),
+                            expected.len,
+                            expected.crc32c
+                        ))
+                        .with_key(&key));
+                    }
+                    report.checksummed = true;
+                }
+                Ok((key, report))
+            })
             .collect::<Result<Vec<_>>>()
     })?;
     let several = reports.len() > 1;

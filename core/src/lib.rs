@@ -70,7 +70,9 @@ pub use memory::{MemorySource, MemoryStorage};
 pub use options::{CreateOptions, Durability, WriteMode};
 pub use prefetch::{PrefetchPlan, Prefetched};
 pub use reader::{Loaded, Reader, VerifyReport, retry_on_change};
-pub use sharded::{ShardedSummary, ShardedWeights, ShardedWriter};
+pub use sharded::{
+    SHARD_CHECKSUMS_KEY, ShardChecksum, ShardedSummary, ShardedWeights, ShardedWriter,
+};
 pub use staging::{Staged, StagedSegment, StagingPool};
 pub use storage::{Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
 pub use storage_ext::StorageExt;

@@ -156,6 +156,20 @@ impl ShardedWriter {
     }
 }
 
+/// The key in an index's `metadata` under which a writer that knows them records each shard
+/// file's length and CRC32C (`weightbay export` does), so that a verify can check every byte
+/// of a format without a trailer. Readers of the Hugging Face layout ignore it.
+pub const SHARD_CHECKSUMS_KEY: &str = "weightbay.shards";
+
+/// A shard file's length and CRC32C, as an index records them under [`SHARD_CHECKSUMS_KEY`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ShardChecksum {
+    /// The file's length in bytes.
+    pub len: u64,
+    /// The CRC32C of all of its bytes.
+    pub crc32c: u32,
+}
+
 /// Checks a shard file name from an index: it must be a valid key
 /// ([`validate_key`](crate::keys::validate_key): relative, non-empty, no `.` or `..`
 /// segment, no backslash or NUL, at most 1024 bytes).
@@ -179,6 +193,7 @@ pub struct ShardedWeights {
     storage: Arc<dyn Storage>,
     directory: String,
     weight_map: HashMap<String, String>,
+    checksums: BTreeMap<String, ShardChecksum>,
     open: Mutex<HashMap<String, Arc<Reader>>>,
 }
 
@@ -206,13 +221,31 @@ impl ShardedWeights {
         }
         let mut text = vec![0; usize::try_from(source.len()).unwrap_or(0)];
         source.read_at(0, &mut text)?;
+        // Other writers put what they like in `metadata`; only our own key is read, and
+        // only that must parse.
+        #[derive(serde::Deserialize)]
+        struct Metadata {
+            #[serde(default, rename = "weightbay.shards")]
+            checksums: BTreeMap<String, ShardChecksum>,
+        }
         #[derive(serde::Deserialize)]
         struct Index {
             weight_map: HashMap<String, String>,
+            #[serde(default)]
+            metadata: Option<serde_json::Value>,
         }
-        let index: Index = serde_json::from_slice(&text)
-            .map_err(|e| Error::corrupt(format!("index: {e}")).with_key(index_key))?;
-        for file in index.weight_map.values() {
+        let corrupt =
+            |e: serde_json::Error| Error::corrupt(format!("index: {e}")).with_key(index_key);
+        let index: Index = serde_json::from_slice(&text).map_err(corrupt)?;
+        let checksums = match index.metadata {
+            Some(metadata) if metadata.get(SHARD_CHECKSUMS_KEY).is_some() => {
+                serde_json::from_value::<Metadata>(metadata)
+                    .map_err(corrupt)?
+                    .checksums
+            }
+            _ => BTreeMap::new(),
+        };
+        for file in index.weight_map.values().chain(checksums.keys()) {
             check_shard_name(file).map_err(|e| e.with_key(index_key))?;
         }
         let directory = index_key
@@ -223,8 +256,16 @@ impl ShardedWeights {
             storage,
             directory,
             weight_map: index.weight_map,
+            checksums,
             open: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The length and CRC32C the index records for the shard at `key` (one of
+    /// [`shard_keys`](Self::shard_keys)), if it records them.
+    pub fn recorded_checksum(&self, key: &str) -> Option<ShardChecksum> {
+        let file = key.strip_prefix(&self.directory)?;
+        self.checksums.get(file).copied()
     }
 
     /// The tensor names the index lists.

@@ -88,7 +88,8 @@ impl Writer {
     }
 
     /// Burnpack (the default) or safetensors. safetensors has no parameter ids (they are
-    /// dropped), no alignment option and no trailer; scalars travel in its `__metadata__`
+    /// dropped), no gaps between tensors (see [`with_alignment`](Self::with_alignment)) and no
+    /// trailer; scalars travel in its `__metadata__`
     /// (see [`SCALAR_METADATA_PREFIX`](safetensors::SCALAR_METADATA_PREFIX)); a dtype it
     /// cannot store fails naming the tensor.
     #[must_use]
@@ -113,7 +114,12 @@ impl Writer {
 
     /// Places every tensor at an absolute offset that is a multiple of `alignment` (a power
     /// of two, at least 256; 4096 suits direct I/O). Burnpack readers read the result as is.
-    /// safetensors has no alignment option and refuses it.
+    ///
+    /// safetensors forbids gaps between tensors, so there only the data section starts on
+    /// `alignment` (a power of two, at least 8; the header is padded with spaces, which the
+    /// spec allows) and each tensor follows the last: a tensor starts aligned when the byte
+    /// lengths of those before it are multiples of `alignment`, which the order of the tensors
+    /// decides.
     #[must_use]
     pub fn with_alignment(mut self, alignment: u64) -> Self {
         self.alignment = Some(alignment);

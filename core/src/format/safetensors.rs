@@ -19,6 +19,9 @@ use crate::{DType, Scalar};
 
 /// Length of the header-length field.
 pub const LEN_FIELD: u64 = 8;
+/// The data section starts on a multiple of this unless the writer asks for more, as the
+/// safetensors crate's own writer pads it.
+const HEADER_ALIGNMENT: u64 = 8;
 /// Scalars travel in safetensors' `__metadata__` under this prefix, spelled as
 /// [`Scalar`]'s `Display` spells them (`Int:-1`, `Float:0.001`), and come back as scalars when
 /// read.
@@ -162,10 +165,15 @@ fn take_scalars(metadata: &mut BTreeMap<String, String>) -> Result<BTreeMap<Stri
     Ok(scalars)
 }
 
-/// Plans the file: the tensors back to back in writer order after the JSON header.
+/// Plans the file: the tensors back to back in writer order after the JSON header. The
+/// format forbids gaps between tensors, so an alignment can only pad the header: the data
+/// section starts on it, and a tensor does when the lengths before it add up to multiples.
 pub(crate) fn plan(contents: &Contents<'_>, limits: &Limits) -> Result<Plan> {
-    if contents.alignment.is_some() {
-        return Err(Error::unsupported("safetensors has no alignment option"));
+    let alignment = contents.alignment.unwrap_or(HEADER_ALIGNMENT);
+    if !alignment.is_power_of_two() || alignment < HEADER_ALIGNMENT {
+        return Err(Error::invalid(format!(
+            "alignment {alignment} is not a power of two of at least {HEADER_ALIGNMENT}"
+        )));
     }
     let mut starts = Vec::with_capacity(contents.tensors.len());
     let mut end = 0u64;
@@ -192,7 +200,7 @@ pub(crate) fn plan(contents: &Contents<'_>, limits: &Limits) -> Result<Plan> {
             scalar.to_string(),
         );
     }
-    let head = encode(&descriptors, &metadata)?;
+    let head = encode(&descriptors, &metadata, alignment)?;
     if head.len() as u64 > limits.max_metadata_len {
         let message = format!(
             "safetensors header of {} bytes is over the limit",
@@ -301,9 +309,13 @@ fn check_layout(tensors: &[TensorInfo], data_start: u64, len: u64) -> Result<()>
     Ok(())
 }
 
-/// Encodes the header: the length field, then the JSON padded with spaces to a multiple of 8
-/// so the data section starts aligned.
-fn encode(tensors: &[DescriptorRef<'_>], metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
+/// Encodes the header: the length field, then the JSON padded with spaces (which the spec
+/// allows after it) so that the data section starts on a multiple of `alignment`.
+fn encode(
+    tensors: &[DescriptorRef<'_>],
+    metadata: &BTreeMap<String, String>,
+    alignment: u64,
+) -> Result<Vec<u8>> {
     let string = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let mut json = String::from("{");
     let mut first = true;
@@ -336,9 +348,8 @@ fn encode(tensors: &[DescriptorRef<'_>], metadata: &BTreeMap<String, String>) ->
         );
     }
     json.push('}');
-    while json.len() % 8 != 0 {
-        json.push(' ');
-    }
+    let padded = super::align_up(LEN_FIELD + json.len() as u64, alignment) - LEN_FIELD;
+    json.extend(std::iter::repeat_n(' ', (padded as usize) - json.len()));
     let mut out = Vec::with_capacity(8 + json.len());
     out.extend_from_slice(&(json.len() as u64).to_le_bytes());
     out.extend_from_slice(json.as_bytes());
