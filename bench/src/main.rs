@@ -106,6 +106,10 @@ pub(crate) const CASES: &[Case] = &[
     ),
     (&["tiered save", "tiered loop"], cases::tiered::tiered_cases),
     (&["gc among planted objects"], cases::gc::gc_cases),
+    (
+        &["export local", "export rss", "export from s3"],
+        cases::export::export_cases,
+    ),
     (&["staging into device memory"], cases::device::device_cases),
 ];
 

@@ -178,6 +178,9 @@ pub struct ExportSummary {
     pub tied: Vec<(String, String)>,
     /// Tensors whose data starts on the asked alignment (all of them without one).
     pub aligned: usize,
+    /// Unfinished writes of dead writers (a killed export's scratch files or uploads) removed
+    /// from the directory once the index was written.
+    pub cleaned: usize,
 }
 
 impl Checkpoint {
@@ -344,6 +347,18 @@ pub fn export_tensors(
     let body = serde_json::to_vec_pretty(&body)
         .map_err(|e| Error::invalid(format!("the export's index: {e}")))?;
     storage.write_new(&index, &body, options.durability)?;
+    // What killed exports left in the model's directory (scratch files, unfinished uploads)
+    // is no part of the model: removed, best effort, where only dead writers' is. Never at the
+    // store's top level, whose listing may be anyone's millions of keys.
+    let cleaned = if storage.capabilities().pending_listing && !prefix.is_empty() {
+        storage
+            .clean_pending(prefix.trim_end_matches('/'))
+            .map_or(0, |cleaned| {
+                cleaned.iter().filter(|w| w.refused.is_none()).count()
+            })
+    } else {
+        0
+    };
     Ok(ExportSummary {
         index,
         shards,
@@ -351,6 +366,7 @@ pub fn export_tensors(
         total_size,
         tied,
         aligned,
+        cleaned,
     })
 }
 

@@ -196,6 +196,12 @@ fn report(summary: &ExportSummary, args: &ExportArgs) {
             escaped(kept)
         );
     }
+    if summary.cleaned > 0 {
+        eprintln!(
+            "removed {} unfinished write(s) that killed exports left in the directory",
+            summary.cleaned
+        );
+    }
     if let Some(alignment) = args.align {
         eprintln!(
             "{} of {} tensors start on a multiple of {alignment} bytes",

@@ -131,6 +131,16 @@ fn an_export_killed_at_any_moment_is_never_loadable_and_a_rerun_finishes_it() {
             killed_part_way += 1;
             ok(&args);
             ok(&["verify", index.to_str().unwrap(), "--require-checksums"]);
+            let scratch: Vec<_> = std::fs::read_dir(&out)
+                .unwrap()
+                .flatten()
+                .map(|entry| entry.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.ends_with(".tmp"))
+                .collect();
+            assert!(
+                scratch.is_empty(),
+                "the rerun left scratch files: {scratch:?}"
+            );
         }
     }
     assert!(killed_part_way > 0, "no kill landed during an export");

@@ -367,3 +367,41 @@ fn entry_counts_are_capped_as_they_arrive() {
     let err = Reader::from_bytes(raw(&format!("{{{}}}", tensors.join(",")), &[])).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
 }
+
+#[test]
+fn an_aligned_file_passes_the_safetensors_crate_with_its_data_on_the_alignment() {
+    // Tensor lengths that are multiples of 4096, then one that is not (it goes last).
+    let tensors = vec![
+        Tensor::new("a", DType::U8, [8192], vec![1; 8192]),
+        Tensor::new("b", DType::F32, [1024], vec![2; 4096]),
+        Tensor::new("c", DType::U8, [10], vec![3; 10]),
+    ];
+    let bytes = Writer::new(tensors)
+        .with_format(Format::Safetensors)
+        .with_alignment(4096)
+        .into_bytes()
+        .unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let data_start = 8 + header_len as usize;
+    assert_eq!(
+        data_start % 4096,
+        0,
+        "the data section starts at {data_start}"
+    );
+    let theirs = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (name, byte, start) in [("a", 1u8, 0usize), ("b", 2, 8192), ("c", 3, 12288)] {
+        let view = theirs.tensor(name).unwrap();
+        assert!(view.data().iter().all(|&b| b == byte), "{name}");
+        let at = view.data().as_ptr() as usize - bytes.as_ptr() as usize;
+        assert_eq!(at, data_start + start, "{name}");
+    }
+    // Not a power of two, or below the format's own 8: refused before anything is written.
+    for alignment in [3000, 4] {
+        let error = Writer::new(vec![Tensor::new("a", DType::U8, [1], vec![1])])
+            .with_format(Format::Safetensors)
+            .with_alignment(alignment)
+            .into_bytes()
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::InvalidInput, "{error}");
+    }
+}

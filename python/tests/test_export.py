@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +196,77 @@ def test_an_aligned_export_passes_validation_with_its_tensors_on_the_alignment(
                 aligned += 1
     assert aligned > 0
     assert f"of {len(state)} tensors start on a multiple of 4096 bytes" in said, said
+
+
+def test_an_export_to_any_store_verifies_and_loads_shard_by_shard(
+    root: str, tmp_path: Path
+) -> None:
+    model = tiny_llama(tmp_path / "config")
+    run = str(tmp_path / "run")
+    save_by_four_ranks(model, run)
+    destination = f"{root}/hf"
+    done = subprocess.run(
+        [cli(), "export", run, destination, "--max-shard-size", "40kB"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    index = f"{destination}/model.safetensors.index.json"
+    verified = subprocess.run(
+        [cli(), "verify", index, "--require-checksums"], capture_output=True, text=True, check=False
+    )
+    assert verified.returncode == 0, verified.stderr
+    shards = int(re.search(r"in (\d+) shards", done.stderr).group(1))  # type: ignore[union-attr]
+    assert verified.stdout.count("every checksum matches") == shards > 2, verified.stdout
+    loaded: dict[str, torch.Tensor] = {}
+    for number in range(1, shards + 1):
+        loaded.update(weightbay.load(f"{destination}/model-{number:05}-of-{shards:05}.safetensors"))
+    assert loaded.keys() == model.state_dict().keys()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_an_export_killed_at_random_moments_never_loads_and_a_rerun_does(tmp_path: Path) -> None:
+    # Big enough (about 90 MB from four ranks) that a kill lands while the export writes.
+    config = transformers.LlamaConfig(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+        max_position_embeddings=32,
+    )
+    torch.manual_seed(11)
+    model = transformers.LlamaForCausalLM(config)
+    (tmp_path / "config").mkdir()
+    config.save_pretrained(tmp_path / "config")
+    run = str(tmp_path / "run")
+    save_by_four_ranks(model, run)
+    random = torch.Generator().manual_seed(5)
+    killed_part_way = 0
+    for attempt in range(6):
+        out = tmp_path / f"hf-{attempt}"
+        args = [cli(), "export", run, str(out), "--max-shard-size", "20MB"]
+        args += ["--with", str(tmp_path / "config" / "config.json")]
+        child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.02 + 0.5 * float(torch.rand(1, generator=random)))
+        child.kill()
+        finished = child.wait() == 0
+        # An index is written last: where there is one (the kill came after it), the model
+        # below loads whole; where there is none, transformers finds no model.
+        if not (out / "model.safetensors.index.json").exists():
+            assert not finished
+            killed_part_way += 1
+            # No index: transformers finds no model (OSError without weights, ValueError
+            # while even config.json, copied just before the index, is missing).
+            with pytest.raises((OSError, ValueError)):
+                transformers.AutoModelForCausalLM.from_pretrained(out)
+            subprocess.run(args, check=True, capture_output=True)
+            left = [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+            assert left == [], f"the rerun left a killed export's scratch files: {left}"
+        exported = transformers.AutoModelForCausalLM.from_pretrained(out)
+        assert torch.equal(logits(exported), logits(model))
+    assert killed_part_way > 0, "no kill landed while an export wrote"

@@ -90,6 +90,7 @@ impl HttpService for Guarded {
         let retried = retried_once_cut(&request);
         let watched_body = is_object_read(&request) || is_multipart_post(&request);
         let ranged = is_ranged_get(&request);
+        let identity = retry_identity(&request);
         let sent = self.throttle.pace().await;
         let answer = std::pin::pin!(async {
             match ranged.then(|| self.stalls.hedge_after()).flatten() {
@@ -100,7 +101,7 @@ impl HttpService for Guarded {
         let response = if !retried {
             answer.await
         } else {
-            let stalled = std::pin::pin!(self.stalls.stalled_waiting(sent, body_len));
+            let stalled = std::pin::pin!(self.stalls.stalled_waiting(&identity, sent, body_len));
             match select(answer, stalled).await {
                 Either::Left((response, _)) => response,
                 // Dropping the request closes its connection.
@@ -111,6 +112,7 @@ impl HttpService for Guarded {
             .observe(sent, response.as_ref().ok().map(|r| r.status().as_u16()));
         let response = response?;
         self.stalls.observe_answer(sent.elapsed(), body_len, ranged);
+        self.stalls.answered(&identity);
         Ok(if watched_body {
             response.map(|body| self.stalls.watch_body(body))
         } else {
@@ -172,6 +174,17 @@ fn names_query(request: &HttpRequest, name: &str) -> bool {
 /// Whether a request reads a range of an object (what a hedged read sends twice).
 fn is_ranged_get(request: &HttpRequest) -> bool {
     *request.method() == http::Method::GET && request.headers().contains_key(http::header::RANGE)
+}
+
+/// What names a request and its retries for stall detection: method, address and range (a
+/// resumed read asks for another range, and is another request).
+fn retry_identity(request: &HttpRequest) -> String {
+    let range = request
+        .headers()
+        .get(http::header::RANGE)
+        .and_then(|range| range.to_str().ok())
+        .unwrap_or("");
+    format!("{} {} {range}", request.method(), request.uri())
 }
 
 /// The same request again: method, address, headers (the signature and the ETag condition

@@ -28,6 +28,14 @@
 //!   ("The Tail at Scale", Dean and Barroso). At most `hedged_reads_percent` (5) in a hundred
 //!   ranged GETs are sent twice; both copies carry the same ETag condition.
 //!
+//! - **Slow is not stalled.** A request cut while it waited may wait twice as long on each
+//!   try after (its method, address and range name it), so a store that answers every such
+//!   request late but does answer (moto reads a whole object for every ranged GET of it: a GET
+//!   of 8 MiB of a 512 MiB object waits seconds) is answered on a later try, and its late
+//!   answers then teach the store's figures what to expect. Without that, every try of such a
+//!   request was cut at the same allowance, which the store's fast answers to small requests
+//!   kept low, and the read failed.
+//!
 //! Only requests that are tried again after a timeout are cut while they wait: reads,
 //! unconditional PUTs (objects, parts, blocks, copies), starting or completing a multipart
 //! upload (object_store repeats all of these), and deletes (which this crate sends again).
@@ -39,7 +47,7 @@
 //! once the retries run out says "no bytes for N s" and the key and part (see
 //! `DURABILITY.md`).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +63,9 @@ use crate::options::StallDetection;
 
 /// Answers each figure is taken over.
 const SAMPLES: usize = 64;
+/// Requests remembered as cut, at most; past it the memory starts over (a retry then waits the
+/// plain allowance again, which is safe, only slower to learn).
+const REMEMBERED_CUTS: usize = 4096;
 /// Request bodies shorter than this count as none: their wait is all time to first byte.
 const SMALL_BODY: usize = 64 << 10;
 /// Request bodies at least this long measure the upload rate; shorter ones are mostly latency.
@@ -130,6 +141,9 @@ pub struct StallWatch {
     cut_waiting: AtomicU64,
     cut_in_body: AtomicU64,
     hedges_won: AtomicU64,
+    /// How many times each request (by [`retry_identity`](crate::http_client)) was cut while
+    /// it waited and not answered since: each doubles what its next try may wait.
+    cuts: Mutex<HashMap<String, u32>>,
 }
 
 impl StallWatch {
@@ -141,6 +155,7 @@ impl StallWatch {
             cut_waiting: AtomicU64::new(0),
             cut_in_body: AtomicU64::new(0),
             hedges_won: AtomicU64::new(0),
+            cuts: Mutex::default(),
         }
     }
 
@@ -185,28 +200,61 @@ impl StallWatch {
         Some(((expected * settings.factor).max(settings.floor), expected))
     }
 
-    /// Resolves, with the error to fail it with, once a request sent at `started` with a body
-    /// of `body_len` bytes has waited past its allowance; never while detection is off.
-    pub(crate) async fn stalled_waiting(&self, started: Instant, body_len: usize) -> HttpError {
+    fn cuts(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        self.cuts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Resolves, with the error to fail it with, once the request `identity` (see the module
+    /// docs), sent at `started` with a body of `body_len` bytes, has waited past its allowance,
+    /// doubled for each time it was cut before; never while detection is off.
+    pub(crate) async fn stalled_waiting(
+        &self,
+        identity: &str,
+        started: Instant,
+        body_len: usize,
+    ) -> HttpError {
+        let earlier = self.cuts().get(identity).copied().unwrap_or(0);
+        // 2^16 times the allowance is past any request timeout, which stays the ceiling.
+        let widen = 1u32 << earlier.min(16);
         loop {
             tokio::time::sleep(TICK).await;
             let Some((allowed, expected)) = self.waiting_allowance(body_len) else {
                 continue;
             };
             let waited = started.elapsed();
-            if waited > allowed {
+            if waited > allowed * widen {
                 self.cut_waiting.fetch_add(1, Ordering::Relaxed);
+                let mut cuts = self.cuts();
+                if cuts.len() >= REMEMBERED_CUTS {
+                    cuts.clear();
+                }
+                *cuts.entry(identity.to_owned()).or_default() += 1;
                 return stalled(format!(
-                    "no bytes for {:.1} s after the request{}, where {:.1} s was expected",
+                    "no bytes for {:.1} s after the request{}, where {:.1} s was expected{}",
                     waited.as_secs_f64(),
                     if body_len < SMALL_BODY {
                         String::new()
                     } else {
                         format!(" and its {body_len} bytes")
                     },
-                    expected.as_secs_f64()
+                    expected.as_secs_f64(),
+                    if earlier == 0 {
+                        String::new()
+                    } else {
+                        format!(
+                            " (this try waited {widen} times that allowance: it was cut {earlier} times before)"
+                        )
+                    }
                 ));
             }
+        }
+    }
+
+    /// Forgets that the request `identity` was cut: it was answered.
+    pub(crate) fn answered(&self, identity: &str) {
+        let mut cuts = self.cuts();
+        if !cuts.is_empty() {
+            cuts.remove(identity);
         }
     }
 
@@ -450,6 +498,38 @@ mod tests {
         assert_eq!(allowed, Duration::from_millis(8400));
         watch.set(None);
         assert_eq!(watch.waiting_allowance(0), None, "turned off");
+    }
+
+    #[tokio::test]
+    async fn each_cut_doubles_what_the_next_try_of_that_request_may_wait() {
+        let watch = watch(200);
+        watch.observe_answer(Duration::from_millis(10), 0, false);
+        let wait_of = |identity: &'static str| {
+            let watch = Arc::clone(&watch);
+            async move {
+                let started = Instant::now();
+                let error = watch.stalled_waiting(identity, started, 0).await;
+                (started.elapsed(), error.to_string())
+            }
+        };
+        let (first, _) = wait_of("GET /a bytes=0-9").await;
+        let (second, said) = wait_of("GET /a bytes=0-9").await;
+        let (third, _) = wait_of("GET /a bytes=0-9").await;
+        let (other, _) = wait_of("GET /a bytes=10-19").await;
+        // Cut on the first look past the allowance (looks are 100 ms apart): past 0.2 s, 0.4 s
+        // and 0.8 s, and another range past 0.2 s again.
+        let ms = |d: Duration| d.as_millis();
+        assert!(ms(first) >= 200 && ms(first) < 400, "{first:?}");
+        assert!(ms(second) >= 400 && ms(second) < 700, "{second:?}");
+        assert!(ms(third) >= 800 && ms(third) < 1200, "{third:?}");
+        assert!(
+            ms(other) < 400,
+            "another request waits the plain allowance: {other:?}"
+        );
+        assert!(said.contains("cut 1 times before"), "{said}");
+        watch.answered("GET /a bytes=0-9");
+        let (after, _) = wait_of("GET /a bytes=0-9").await;
+        assert!(ms(after) < 400, "an answer forgets the cuts: {after:?}");
     }
 
     /// Reads `body` to its end or its first error, pausing `pause` after the first frame.

@@ -366,6 +366,36 @@ fn a_read_whose_answer_is_late_is_hedged_and_the_first_answer_is_read() {
 }
 
 #[test]
+fn a_store_that_answers_every_read_late_is_slow_not_stalled() {
+    // moto reads a whole object for every ranged GET of it, so a GET of a large object answers
+    // seconds late, every time, while its other answers come at once. Here every GET answers
+    // 1.5 s late, past the 1 s floor the store's quick answers leave as the allowance: each
+    // try of a read used to be cut at the same allowance, and the read failed.
+    let faults =
+        r#"{"slow_first_byte_share": 1.0, "slow_first_byte_s": 1.5, "share_methods": ["GET"]}"#;
+    let Some((proxy, storage)) = through_proxy(faults, "30s", quick_retries(3)) else {
+        return;
+    };
+    let floor = StallDetection::DEFAULT
+        .with_floor(Duration::from_secs(1))
+        .with_hedged_reads_percent(0);
+    let options = storage.options().with_stall_detection(Some(floor));
+    let storage = storage.with_options(options);
+    // The save's answers (PUTs and POSTs) come at once: the store's figures expect quick ones.
+    let expected = container(1, 40).into_bytes().expect("a container");
+    container(1, 40)
+        .write_to(&storage, "slow-reads.bpk")
+        .expect("the save");
+    assert_stored(&storage, "slow-reads.bpk", &expected);
+    let counts = storage.stall_watch().expect("a stall watch").counts();
+    assert!(proxy.count("slow_first_byte") > 0, "no answer was late");
+    assert!(
+        counts.cut_waiting > 0,
+        "nothing was cut, so the case tested nothing: {counts:?}"
+    );
+}
+
+#[test]
 fn hedged_reads_stay_within_their_budget() {
     let Some((_proxy, storage)) = through_proxy("{}", "30s", quick_retries(3)) else {
         return;

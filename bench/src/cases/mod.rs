@@ -5,6 +5,7 @@ pub(crate) mod candle;
 pub(crate) mod cold_start;
 pub(crate) mod device;
 pub(crate) mod encode;
+pub(crate) mod export;
 pub(crate) mod faults;
 pub(crate) mod gc;
 pub(crate) mod incremental;

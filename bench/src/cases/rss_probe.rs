@@ -6,12 +6,16 @@ use std::path::Path;
 use weightbay::{Bytes, DType, Error, Format, Result, Tensor, Writer};
 use weightbay_local::LocalStorage;
 
-use crate::cases::{burn, candle, remote};
+use crate::cases::{burn, candle, export, remote};
 use crate::rss::rss;
 
 /// In a fresh process: save `size_mib` MiB of deferred 16 MiB tensors and print the peak RSS.
 pub(crate) fn run(case: &str, size_mib: u64, dir: &Path) -> Result<()> {
     const TENSOR: u64 = 16 << 20;
+    if case == "export" {
+        println!("{}", export::export_rss(dir)?);
+        return Ok(());
+    }
     let tensors = (0..(size_mib << 20) / TENSOR)
         .map(|i| {
             Tensor::deferred(format!("t{i}"), DType::U8, [TENSOR], TENSOR, move || {
