@@ -10,6 +10,7 @@ use weightbay::{
     StoredTensor, WeightSource,
 };
 
+use crate::parallel;
 use crate::record::{LogicalTensor, Region, SliceRecord};
 use crate::region::{coalesce, runs};
 
@@ -154,7 +155,7 @@ impl AssembledWeights {
     /// row-major, exactly as long as the box's bytes): the bytes land once, in memory the
     /// caller owns (a framework tensor's own storage), each container asked once with every
     /// run it holds ([`Source::fetch_into`](weightbay::Source::fetch_into), which an object
-    /// store runs in parallel).
+    /// store runs in parallel), the containers at once.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a target of another length than its box; as
@@ -181,12 +182,14 @@ impl AssembledWeights {
                 jobs.entry(container).or_default().push((run.at, piece));
             }
         }
-        for (container, mut jobs) in jobs {
-            self.reader(&container)?
+        // Containers are asked at once: each is a round trip on an object store.
+        let mut jobs: Vec<_> = jobs.into_iter().collect();
+        parallel::each_mut(&mut jobs, |(container, jobs)| {
+            self.reader(container)?
                 .source()
-                .fetch_into(&mut jobs)
-                .map_err(|e| e.with_key(format!("{}/{container}", self.dir)))?;
-        }
+                .fetch_into(jobs)
+                .map_err(|e| e.with_key(format!("{}/{container}", self.dir)))
+        })?;
         Ok(())
     }
 

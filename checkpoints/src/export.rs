@@ -17,10 +17,16 @@ use weightbay::{
 };
 
 use crate::checkpoint::Checkpoint;
+use crate::record::Region;
 use crate::recording::Recording;
+use crate::tensors_ahead::TensorsAhead;
 
 /// The index's name, as transformers' `save_pretrained` writes it.
 pub const EXPORT_INDEX: &str = "model.safetensors.index.json";
+
+/// Bytes of tensors read ahead of the one being written, at most: the export's memory is the
+/// tensor it writes, this, and the writer's buffer.
+const READ_AHEAD: u64 = 48 << 20;
 
 /// The name transformers gives tied output embeddings, which it leaves out of what it saves
 /// when the model's config says `tie_word_embeddings`.
@@ -218,9 +224,16 @@ impl Checkpoint {
                             .with_key(self.dir()));
                     };
                     let assembled = Arc::clone(&assembled);
-                    let label = name.clone();
+                    let (label, whole) = (name.clone(), Region::whole(&shape));
+                    let size = usize::try_from(len).map_err(|_| {
+                        Error::new(ErrorKind::OutOfRange, "does not fit in memory")
+                            .with_tensor(&name)
+                    })?;
                     Ok(Tensor::deferred(name, dtype, shape, len, move || {
-                        assembled.read(&label)
+                        // Into memory of its own, every container holding a slice at once.
+                        let mut bytes = vec![0; size];
+                        assembled.read_regions_into(&mut [(&label, whole.clone(), &mut bytes)])?;
+                        Ok(Bytes::from(bytes))
                     }))
                 })
                 .collect();
@@ -282,41 +295,59 @@ pub fn export_tensors(
         Err(e) => return Err(e.with_key(&index)),
     }
     let groups = shard_groups(selected, options);
+    let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
+    let ahead = TensorsAhead::new(groups.into_iter().flatten().collect(), READ_AHEAD);
+    let mut taken = ahead.tensors().into_iter();
+    let groups: Vec<Vec<Tensor>> = sizes
+        .iter()
+        .map(|&size| taken.by_ref().take(size).collect())
+        .collect();
     let count = groups.len();
     let recording = Recording::new(Arc::clone(&storage));
     let mut weight_map = BTreeMap::new();
     let mut checksums = BTreeMap::new();
     let (mut shards, mut total_size, mut parameters, mut written, mut aligned) =
         (Vec::new(), 0u64, 0u64, 0, 0);
-    for (number, group) in groups.into_iter().enumerate() {
-        let file = format!("model-{:05}-of-{count:05}.safetensors", number + 1);
-        let mut offset = 0;
-        for tensor in &group {
-            weight_map.insert(tensor.name().to_owned(), file.clone());
-            total_size += tensor.byte_len();
-            parameters += tensor.shape().iter().product::<u64>();
-            if options.alignment.is_none_or(|a| offset % a == 0) {
-                aligned += 1;
+    let write_shards = || -> Result<()> {
+        for (number, group) in groups.into_iter().enumerate() {
+            let file = format!("model-{:05}-of-{count:05}.safetensors", number + 1);
+            let mut offset = 0;
+            for tensor in &group {
+                weight_map.insert(tensor.name().to_owned(), file.clone());
+                total_size += tensor.byte_len();
+                parameters += tensor.shape().iter().product::<u64>();
+                if options.alignment.is_none_or(|a| offset % a == 0) {
+                    aligned += 1;
+                }
+                offset += tensor.byte_len();
             }
-            offset += tensor.byte_len();
+            written += group.len();
+            let key = format!("{prefix}{file}");
+            // Shards have fixed names, so a rerun overwrites what a killed export left.
+            let mut writer = Writer::new(group)
+                .with_format(Format::Safetensors)
+                .with_metadata("format", "pt")
+                .with_mode(WriteMode::Overwrite)
+                .with_durability(options.durability);
+            if let Some(alignment) = options.alignment {
+                writer = writer.with_alignment(alignment);
+            }
+            if let Some(cancel) = &options.cancel {
+                writer = writer.with_cancel(Arc::clone(cancel));
+            }
+            writer.write_to(&recording, &key)?;
+            shards.push(key);
         }
-        written += group.len();
-        let key = format!("{prefix}{file}");
-        // Shards have fixed names, so a rerun overwrites what a killed export left.
-        let mut writer = Writer::new(group)
-            .with_format(Format::Safetensors)
-            .with_metadata("format", "pt")
-            .with_mode(WriteMode::Overwrite)
-            .with_durability(options.durability);
-        if let Some(alignment) = options.alignment {
-            writer = writer.with_alignment(alignment);
+        Ok(())
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..ahead.readers() {
+            scope.spawn(|| ahead.read());
         }
-        if let Some(cancel) = &options.cancel {
-            writer = writer.with_cancel(Arc::clone(cancel));
-        }
-        writer.write_to(&recording, &key)?;
-        shards.push(key);
-    }
+        let wrote = write_shards();
+        ahead.finish();
+        wrote
+    })?;
     for (key, len, crc32c) in recording.written() {
         let file = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
         checksums.insert(file, ShardChecksum { len, crc32c });
@@ -458,13 +489,12 @@ fn convert(bytes: &[u8], from: &DType, to: &DType) -> Vec<u8> {
     out
 }
 
+/// A tie: the name left out, and the name whose bytes it shares.
+type Tie = (String, String);
+
 /// Applies the ties: each dropped name left out once its bytes are found equal to its kept
 /// one's. Returns the tensors left and the ties applied.
-#[allow(clippy::type_complexity)]
-fn tie(
-    mut tensors: Vec<Tensor>,
-    options: &ExportOptions,
-) -> Result<(Vec<Tensor>, Vec<(String, String)>)> {
+fn tie(mut tensors: Vec<Tensor>, options: &ExportOptions) -> Result<(Vec<Tensor>, Vec<Tie>)> {
     let position = |tensors: &[Tensor], name: &str| tensors.iter().position(|t| t.name() == name);
     let mut applied = Vec::new();
     if options.tie_lm_head

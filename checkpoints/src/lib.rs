@@ -57,7 +57,8 @@
 //! module: the stored schema (`record`), where keys lie (`layout`), saving in the foreground
 //! (`save`) and the background (`background`), incremental saves (`incremental`, `content`)
 //! and their reads (`spliced`), finding checkpoints (`listing`), retention and
-//! gc (`retention`), copies (`copy`), export to the Hugging Face layout (`export`), one checkpoint and its verification (`checkpoint`), rank
+//! gc (`retention`), copies (`copy`), export to the Hugging Face layout (`export`, reading ahead of its writer in
+//! `tensors_ahead`), one checkpoint and its verification (`checkpoint`), rank
 //! saves (`ranks`) and their merge (`merge`), and loading in any rank layout (`assembled`,
 //! `region`).
 
@@ -88,6 +89,7 @@ mod region;
 mod retention;
 mod save;
 mod spliced;
+mod tensors_ahead;
 mod tiered;
 
 pub use assembled::AssembledWeights;

@@ -16,8 +16,19 @@ where
     R: Send,
     F: Fn(&T) -> Result<R> + Sync,
 {
+    let mut items: Vec<&T> = items.iter().collect();
+    each_mut(&mut items, |item| request(item))
+}
+
+/// [`each`] for requests that fill their item (a buffer to read into).
+pub(crate) fn each_mut<T, R, F>(items: &mut [T], request: F) -> Result<Vec<R>>
+where
+    T: Send,
+    R: Send,
+    F: Fn(&mut T) -> Result<R> + Sync,
+{
     if items.len() <= 1 {
-        return items.iter().map(request).collect();
+        return items.iter_mut().map(request).collect();
     }
     let per_thread = items.len().div_ceil(PARALLEL_REQUESTS).max(1);
     let mut results: Vec<Option<Result<R>>> = (0..items.len()).map(|_| None).collect();
@@ -25,7 +36,7 @@ where
         let request = &request;
         let threads: Vec<_> = results
             .chunks_mut(per_thread)
-            .zip(items.chunks(per_thread))
+            .zip(items.chunks_mut(per_thread))
             .map(|(out, items)| {
                 scope.spawn(move || {
                     for (slot, item) in out.iter_mut().zip(items) {

@@ -1,25 +1,14 @@
 //! The `weightbay` command as a user runs it: real files, real exit codes, one-line errors.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use weightbay::Format;
 use weightbay::{BoolStore, DType, Scalar, Tensor, Writer};
 
-fn weightbay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_weightbay"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap()
-}
+mod common;
 
-fn text(output: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
+use common::{text, weightbay};
 
 /// The golden container of the format docs.
 fn golden(path: &Path) {

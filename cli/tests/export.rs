@@ -3,24 +3,20 @@
 //! never leaves loadable.
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use weightbay::{Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, EXPORT_INDEX, RankSave, Region};
 
-fn weightbay(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_weightbay"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .unwrap()
-}
+mod common;
 
+use common::{text, weightbay};
+
+/// The command's output, both streams, once it succeeded.
 fn ok(args: &[&str]) -> String {
     let output = weightbay(args);
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (stdout, stderr) = text(&output);
     assert!(output.status.success(), "{args:?}: {stdout}{stderr}");
     stdout + &stderr
 }

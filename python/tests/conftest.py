@@ -38,3 +38,16 @@ def store_root(kind: str, tmp_path: Path) -> str:
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh prefix in each store: the test runs once per store."""
     return store_root(str(request.param), tmp_path)
+
+
+@pytest.fixture
+def cli() -> str:
+    """The `weightbay` command cargo built, which scripts/test.sh names in `WEIGHTBAY_CLI`:
+    without it the test is skipped, or fails under `WEIGHTBAY_REQUIRE_SERVERS=1`."""
+    binary = os.environ.get("WEIGHTBAY_CLI")
+    if not binary:
+        why = "WEIGHTBAY_CLI is unset (scripts/test.sh points it at the built `weightbay`)"
+        if os.environ.get("WEIGHTBAY_REQUIRE_SERVERS") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return binary

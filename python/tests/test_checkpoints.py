@@ -4,7 +4,6 @@ complete, and the `weightbay` command reading what Python wrote."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -134,18 +133,10 @@ def test_a_save_killed_at_any_moment_is_never_loaded_as_complete(root: str, dela
     assert checkpoints.steps()[-1] == 3
 
 
-def cli() -> str:
-    binary = os.environ.get("WEIGHTBAY_CLI")
-    if not binary:
-        why = "WEIGHTBAY_CLI is unset (scripts/test.sh points it at the built `weightbay`)"
-        if os.environ.get("WEIGHTBAY_REQUIRE_SERVERS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    return binary
-
-
-def test_the_command_reads_what_python_wrote_and_python_reads_its_copies(root: str) -> None:
-    binary = cli()
+def test_the_command_reads_what_python_wrote_and_python_reads_its_copies(
+    root: str, cli: str
+) -> None:
+    binary = cli
     prefix = f"{root}/run"
     checkpoints = weightbay.Checkpoints(prefix)
     checkpoints.save(5, model(5))

@@ -31,25 +31,18 @@ WORLD = 4
 PROMPT = torch.tensor([[1, 5, 9, 2, 7, 3]])
 
 
-def cli() -> str:
-    binary = os.environ.get("WEIGHTBAY_CLI")
-    if not binary:
-        why = "WEIGHTBAY_CLI is unset (scripts/test.sh points it at the built `weightbay`)"
-        if os.environ.get("WEIGHTBAY_REQUIRE_SERVERS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    return binary
-
-
-def tiny_llama(directory: Path) -> Any:
-    """A seeded tiny Llama, its config.json written to `directory`."""
+def llama(directory: Path, *, wide: bool = False) -> Any:
+    """A seeded Llama with grouped-query attention and tied embeddings, its config.json
+    written to `directory`: tiny, or `wide` (about 90 MB, for an export slow enough to kill)."""
+    sizes = (8192, 512, 2048, 4, 8, 4) if wide else (96, 64, 128, 2, 4, 2)
+    vocab, hidden, intermediate, layers, heads, kv_heads = sizes
     config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         tie_word_embeddings=True,
         max_position_embeddings=32,
     )
@@ -84,9 +77,9 @@ def save_by_four_ranks(model: Any, run: str) -> None:
         checkpoints.save_rank(1, rank, WORLD, weightbay._exportable(tensors), slices=slices)
 
 
-def export(source: str, destination: Path, *options: str) -> str:
+def export(cli: str, source: str, destination: Path, *options: str) -> str:
     done = subprocess.run(
-        [cli(), "export", source, str(destination), *options],
+        [cli, "export", source, str(destination), *options],
         capture_output=True,
         text=True,
         check=False,
@@ -102,13 +95,21 @@ def logits(model: Any) -> torch.Tensor:
         return model(PROMPT).logits
 
 
-def test_a_four_rank_export_loads_in_transformers_with_the_same_logits(tmp_path: Path) -> None:
-    model = tiny_llama(tmp_path / "config")
+def test_a_four_rank_export_loads_in_transformers_with_the_same_logits(
+    tmp_path: Path, cli: str
+) -> None:
+    model = llama(tmp_path / "config")
     run = str(tmp_path / "run")
     save_by_four_ranks(model, run)
     out = tmp_path / "hf"
     said = export(
-        run, out, "--max-shard-size", "40kB", "--with", str(tmp_path / "config" / "config.json")
+        cli,
+        run,
+        out,
+        "--max-shard-size",
+        "40kB",
+        "--with",
+        str(tmp_path / "config" / "config.json"),
     )
     assert "tied: lm_head.weight is written once, as model.embed_tokens.weight" in said, said
 
@@ -130,13 +131,15 @@ def test_a_four_rank_export_loads_in_transformers_with_the_same_logits(tmp_path:
     assert torch.equal(logits(exported), logits(model))
 
 
-def test_a_bf16_export_loads_as_transformers_casts_the_saved_model(tmp_path: Path) -> None:
-    model = tiny_llama(tmp_path / "config")
+def test_a_bf16_export_loads_as_transformers_casts_the_saved_model(
+    tmp_path: Path, cli: str
+) -> None:
+    model = llama(tmp_path / "config")
     run = str(tmp_path / "run")
     save_by_four_ranks(model, run)
     out = tmp_path / "hf"
     config = str(tmp_path / "config" / "config.json")
-    export(run, out, "--dtype", "bf16", "--with", config)
+    export(cli, run, out, "--dtype", "bf16", "--with", config)
     for shard in out.glob("model-*.safetensors"):
         for name, tensor in load_file(shard).items():
             assert torch.equal(tensor, model.state_dict()[name].to(torch.bfloat16)), name
@@ -149,8 +152,8 @@ def test_a_bf16_export_loads_as_transformers_casts_the_saved_model(tmp_path: Pat
     assert torch.equal(logits(exported), logits(reference))
 
 
-def test_a_dcp_checkpoint_exports_its_model_without_the_optimizer(tmp_path: Path) -> None:
-    model = tiny_llama(tmp_path / "config")
+def test_a_dcp_checkpoint_exports_its_model_without_the_optimizer(tmp_path: Path, cli: str) -> None:
+    model = llama(tmp_path / "config")
     optimizer = torch.optim.Adam(model.parameters())
     model(PROMPT).logits.sum().backward()
     optimizer.step()
@@ -159,7 +162,7 @@ def test_a_dcp_checkpoint_exports_its_model_without_the_optimizer(tmp_path: Path
     dcp.save(state, storage_writer=weightbay.torch.StorageWriter(run, 3))
     out = tmp_path / "hf"
     config = str(tmp_path / "config" / "config.json")
-    export(str(run), out, "--include", "model.*", "--rename", "model.=", "--with", config)
+    export(cli, str(run), out, "--include", "model.*", "--rename", "model.=", "--with", config)
     exported = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert torch.equal(logits(exported), logits(model))
 
@@ -174,13 +177,13 @@ def data_offsets(shard: Path) -> tuple[int, dict[str, tuple[int, int]]]:
 
 
 def test_an_aligned_export_passes_validation_with_its_tensors_on_the_alignment(
-    tmp_path: Path,
+    tmp_path: Path, cli: str
 ) -> None:
-    model = tiny_llama(tmp_path / "config")
+    model = llama(tmp_path / "config")
     run = str(tmp_path / "run")
     save_by_four_ranks(model, run)
     out = tmp_path / "hf"
-    said = export(run, out, "--align", "4096", "--max-shard-size", "100kB")
+    said = export(cli, run, out, "--align", "4096", "--max-shard-size", "100kB")
     shards = sorted(out.glob("model-*.safetensors"))
     state = model.state_dict()
     aligned = 0
@@ -199,14 +202,14 @@ def test_an_aligned_export_passes_validation_with_its_tensors_on_the_alignment(
 
 
 def test_an_export_to_any_store_verifies_and_loads_shard_by_shard(
-    root: str, tmp_path: Path
+    root: str, tmp_path: Path, cli: str
 ) -> None:
-    model = tiny_llama(tmp_path / "config")
+    model = llama(tmp_path / "config")
     run = str(tmp_path / "run")
     save_by_four_ranks(model, run)
     destination = f"{root}/hf"
     done = subprocess.run(
-        [cli(), "export", run, destination, "--max-shard-size", "40kB"],
+        [cli, "export", run, destination, "--max-shard-size", "40kB"],
         capture_output=True,
         text=True,
         check=False,
@@ -214,7 +217,7 @@ def test_an_export_to_any_store_verifies_and_loads_shard_by_shard(
     assert done.returncode == 0, done.stderr
     index = f"{destination}/model.safetensors.index.json"
     verified = subprocess.run(
-        [cli(), "verify", index, "--require-checksums"], capture_output=True, text=True, check=False
+        [cli, "verify", index, "--require-checksums"], capture_output=True, text=True, check=False
     )
     assert verified.returncode == 0, verified.stderr
     shards = int(re.search(r"in (\d+) shards", done.stderr).group(1))  # type: ignore[union-attr]
@@ -227,29 +230,18 @@ def test_an_export_to_any_store_verifies_and_loads_shard_by_shard(
         assert torch.equal(loaded[name], tensor), name
 
 
-def test_an_export_killed_at_random_moments_never_loads_and_a_rerun_does(tmp_path: Path) -> None:
-    # Big enough (about 90 MB from four ranks) that a kill lands while the export writes.
-    config = transformers.LlamaConfig(
-        vocab_size=8192,
-        hidden_size=512,
-        intermediate_size=2048,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        tie_word_embeddings=True,
-        max_position_embeddings=32,
-    )
-    torch.manual_seed(11)
-    model = transformers.LlamaForCausalLM(config)
-    (tmp_path / "config").mkdir()
-    config.save_pretrained(tmp_path / "config")
+def test_an_export_killed_at_random_moments_never_loads_and_a_rerun_does(
+    tmp_path: Path, cli: str
+) -> None:
+    # Big enough that a kill lands while the export writes.
+    model = llama(tmp_path / "config", wide=True)
     run = str(tmp_path / "run")
     save_by_four_ranks(model, run)
     random = torch.Generator().manual_seed(5)
     killed_part_way = 0
     for attempt in range(6):
         out = tmp_path / f"hf-{attempt}"
-        args = [cli(), "export", run, str(out), "--max-shard-size", "20MB"]
+        args = [cli, "export", run, str(out), "--max-shard-size", "20MB"]
         args += ["--with", str(tmp_path / "config" / "config.json")]
         child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.02 + 0.5 * float(torch.rand(1, generator=random)))

@@ -327,10 +327,7 @@ def test_an_async_save_keeps_the_values_at_the_call(tmp_path: Path) -> None:
     assert torch.equal(loaded["w"], expected)
 
 
-def test_the_command_lists_and_verifies_what_dcp_wrote(tmp_path: Path) -> None:
-    cli = os.environ.get("WEIGHTBAY_CLI")
-    if not cli:
-        pytest.skip("WEIGHTBAY_CLI is unset: scripts/test.sh points it at the built command")
+def test_the_command_lists_and_verifies_what_dcp_wrote(tmp_path: Path, cli: str) -> None:
     run = tmp_path / "run"
     dcp.save(global_state(5), storage_writer=weightbay.torch.StorageWriter(run, 5))
     listed = subprocess.run([cli, "ls", str(run)], capture_output=True, text=True, check=True)
