@@ -193,6 +193,13 @@ impl AssembledWeights {
         Ok(())
     }
 
+    /// The length in bytes of the box `region` of tensor `name`, once the record has been
+    /// checked against the stored slices as a read checks it ([`plan`](Self::plan)): a length
+    /// safe to allocate a target of.
+    pub(crate) fn checked_len(&self, name: &str, region: &Region) -> Result<u64> {
+        self.plan(name, region).map(|(len, _)| len)
+    }
+
     /// How to read the box `region` of tensor `name`: its length in bytes, and the runs that
     /// fill it (each with the container it is read from and `out` left 0). The record is read,
     /// not trusted: every overlapping slice must be stored with the record's dtype and shape,

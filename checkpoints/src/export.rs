@@ -218,13 +218,12 @@ impl Checkpoint {
                         .tensor(&name)
                         .map(|t| t.shape.clone())
                         .unwrap_or_default();
-                    let ByteLen::Exact(len) = dtype.byte_len(&shape) else {
-                        return Err(Error::corrupt("its dtype has no byte length")
-                            .with_tensor(&name)
-                            .with_key(self.dir()));
-                    };
+                    // The record is checked against the stored slices before a shard is
+                    // planned or a target allocated: a planted shape fails here, naming it.
+                    let whole = Region::whole(&shape);
+                    let len = assembled.checked_len(&name, &whole)?;
                     let assembled = Arc::clone(&assembled);
-                    let (label, whole) = (name.clone(), Region::whole(&shape));
+                    let label = name.clone();
                     let size = usize::try_from(len).map_err(|_| {
                         Error::new(ErrorKind::OutOfRange, "does not fit in memory")
                             .with_tensor(&name)

@@ -318,3 +318,45 @@ fn aligned_shards_put_tensors_of_whole_multiples_first() {
         assert_eq!(reader.read(name).unwrap().len() as u64, info.byte_len());
     }
 }
+
+#[test]
+fn a_planted_shape_fails_the_export_before_anything_is_written_or_allocated() {
+    let storage = Arc::new(MemoryStorage::new());
+    let checkpoints = four_rank_checkpoint(&storage);
+    // The record claims the norm is 2^40 elements: a target of 4 TiB, were it trusted.
+    let key = "run/step-1/commit.json";
+    let source = storage.open(key).unwrap();
+    let mut record = vec![0; source.len() as usize];
+    source.read_at(0, &mut record).unwrap();
+    let record = String::from_utf8(record).unwrap();
+    let norm = record.find("\"model.norm.weight\"").unwrap();
+    let shape = norm + record[norm..].find("\"shape\"").unwrap();
+    let edited = format!(
+        "{}\"shape\": [1099511627776]{}",
+        &record[..shape],
+        &record[shape + record[shape..].find(']').unwrap() + 1..]
+    );
+    storage.delete(key).unwrap();
+    weightbay::StorageExt::write_new(
+        storage.as_ref(),
+        key,
+        edited.as_bytes(),
+        weightbay::Durability::Default,
+    )
+    .unwrap();
+    let error = checkpoints
+        .open(1)
+        .unwrap()
+        .export(
+            Arc::clone(&storage) as Arc<dyn Storage>,
+            "hf",
+            &ExportOptions::default(),
+        )
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
+    assert!(error.to_string().contains("model.norm.weight"), "{error}");
+    assert!(
+        storage.list("hf").unwrap().is_empty(),
+        "the export wrote before it failed"
+    );
+}
