@@ -9,6 +9,7 @@ use weightbay::{DType, Durability, Error, Result, Tensor};
 use weightbay_checkpoints::{EXPORT_INDEX, ExportOptions, ExportSummary, export_tensors};
 
 use crate::escape::escaped;
+use crate::reach::{INTERRUPTED, locate, report_stalls};
 use crate::target::{self, Target, resolve};
 
 /// What `weightbay export` takes.
@@ -104,7 +105,7 @@ fn parse_pair(text: &str) -> std::result::Result<(String, String), String> {
 
 /// Runs `weightbay export`.
 pub(crate) fn run(args: ExportArgs) -> Result<ExitCode> {
-    let (from, to) = (crate::locate(&args.src)?, crate::locate(&args.dst)?);
+    let (from, to) = (locate(&args.src)?, locate(&args.dst)?);
     let options = options(&args, to.storage.capabilities().durable_commit)?;
     let storage = Arc::clone(&to.storage);
     let summary = match resolve(&from)? {
@@ -121,7 +122,7 @@ pub(crate) fn run(args: ExportArgs) -> Result<ExitCode> {
         )?,
     };
     report(&summary, &args);
-    crate::report_stalls(&[&from, &to]);
+    report_stalls(&[&from, &to]);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -136,7 +137,7 @@ fn tensors_of(shards: &[(String, weightbay::Reader)]) -> Vec<Tensor> {
 fn options(args: &ExportArgs, durable: bool) -> Result<ExportOptions> {
     let mut options = ExportOptions::default()
         .with_max_shard_size(args.max_shard_size)
-        .with_cancel(Arc::clone(&crate::INTERRUPTED));
+        .with_cancel(Arc::clone(&INTERRUPTED));
     if durable {
         options = options.with_durability(Durability::Durable);
     }

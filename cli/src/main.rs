@@ -4,15 +4,17 @@ mod demo;
 mod escape;
 mod export;
 mod progress;
+mod reach;
 mod target;
 mod tiers;
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use escape::escaped;
+use reach::{INTERRUPTED, locate, report_stalls};
 use target::{Target, resolve};
 use weightbay::Format;
 use weightbay::backend_kit::read_in_order;
@@ -137,10 +139,6 @@ enum FormatArg {
     Safetensors,
 }
 
-/// Set by Ctrl-C; a copy in progress stops at its next write and leaves the destination as
-/// it was.
-static INTERRUPTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
@@ -157,20 +155,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// object_store's retry policy, with `WEIGHTBAY_MAX_RETRIES` capping the retries of each
-/// request (0: fail at the first error).
-fn retry() -> object_store::RetryConfig {
-    let mut retry = object_store::RetryConfig::default();
-    if let Some(max) = std::env::var("WEIGHTBAY_MAX_RETRIES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        retry.max_retries = max;
-        retry.retry_timeout = std::time::Duration::from_secs(if max == 0 { 0 } else { 30 });
-    }
-    retry
-}
-
 /// Runs a one-shot read of `what` again from the start, up to three times in all, when the
 /// object was replaced while it was read, saying so: the copy or verify then covers one whole
 /// version, the newest.
@@ -182,31 +166,6 @@ fn restarting<T>(what: &str, attempt: impl FnMut() -> Result<T>) -> Result<T> {
             escaped(&e.to_string())
         );
     })
-}
-
-/// Says how many requests stall detection cut (and object_store retried), and how many reads
-/// it hedged, in the stores of `locations`, when it did any.
-fn report_stalls(locations: &[&Location]) {
-    let (cut, hedged) = locations
-        .iter()
-        .filter_map(|location| location.stall_watch.as_ref())
-        .map(|watch| watch.counts())
-        .fold((0, 0), |(cut, hedged), counts| {
-            (cut + counts.cut(), hedged + counts.hedged)
-        });
-    if cut + hedged > 0 {
-        eprintln!(
-            "stall detection cut and retried {cut} request{}, and hedged {hedged} read{} \
-             (WEIGHTBAY_STALL_DETECTION=off turns it off)",
-            if cut == 1 { "" } else { "s" },
-            if hedged == 1 { "" } else { "s" }
-        );
-    }
-}
-
-/// Resolves a path or URL the user gave.
-fn locate(input: &str) -> Result<Location> {
-    Location::parse_with_retry(input, retry())
 }
 
 fn run(command: Command) -> Result<ExitCode> {

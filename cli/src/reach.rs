@@ -1,0 +1,51 @@
+//! How the command reaches storage: the locations a user names, opened with its retry policy,
+//! what stall detection did in them, and the Ctrl-C that stops a write.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, LazyLock};
+
+use weightbay::Result;
+use weightbay_object_store::Location;
+
+/// Set by Ctrl-C; a copy in progress stops at its next write and leaves the destination as
+/// it was.
+pub(crate) static INTERRUPTED: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
+
+/// object_store's retry policy, with `WEIGHTBAY_MAX_RETRIES` capping the retries of each
+/// request (0: fail at the first error).
+fn retry() -> object_store::RetryConfig {
+    let mut retry = object_store::RetryConfig::default();
+    if let Some(max) = std::env::var("WEIGHTBAY_MAX_RETRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        retry.max_retries = max;
+        retry.retry_timeout = std::time::Duration::from_secs(if max == 0 { 0 } else { 30 });
+    }
+    retry
+}
+
+/// Says how many requests stall detection cut (and object_store retried), and how many reads
+/// it hedged, in the stores of `locations`, when it did any.
+pub(crate) fn report_stalls(locations: &[&Location]) {
+    let (cut, hedged) = locations
+        .iter()
+        .filter_map(|location| location.stall_watch.as_ref())
+        .map(|watch| watch.counts())
+        .fold((0, 0), |(cut, hedged), counts| {
+            (cut + counts.cut(), hedged + counts.hedged)
+        });
+    if cut + hedged > 0 {
+        eprintln!(
+            "stall detection cut and retried {cut} request{}, and hedged {hedged} read{} \
+             (WEIGHTBAY_STALL_DETECTION=off turns it off)",
+            if cut == 1 { "" } else { "s" },
+            if hedged == 1 { "" } else { "s" }
+        );
+    }
+}
+
+/// Resolves a path or URL the user gave.
+pub(crate) fn locate(input: &str) -> Result<Location> {
+    Location::parse_with_retry(input, retry())
+}
