@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use weightbay::backend_kit::read_in_order;
 use weightbay::{DType, ErrorKind, MemoryStorage, Reader, ShardedWeights, Storage, Tensor, Writer};
 use weightbay_checkpoints::{
-    Checkpoints, EXPORT_INDEX, ExportOptions, RankSave, Region, export_tensors,
+    Checkpoints, EXPORT_INDEX, ExportOptions, RankSave, Region, SaveOptions, export_tensors,
 };
 
 const WORLD: u64 = 4;
@@ -358,5 +358,49 @@ fn a_planted_shape_fails_the_export_before_anything_is_written_or_allocated() {
     assert!(
         storage.list("hf").unwrap().is_empty(),
         "the export wrote before it failed"
+    );
+}
+
+#[test]
+fn incremental_and_sharded_checkpoints_export_like_any_other() {
+    let storage = Arc::new(MemoryStorage::new());
+    let dyn_storage = Arc::clone(&storage) as Arc<dyn Storage>;
+    let checkpoints = Checkpoints::over(Arc::clone(&dyn_storage), "run");
+    let model = |step: f32| {
+        vec![
+            Tensor::from_slice("frozen", [4096], &[1.5f32; 4096]),
+            Tensor::from_slice("trained", [8], &[step; 8]),
+        ]
+    };
+    // Step 2 stores only what changed and refers to step 1's container for the rest.
+    checkpoints
+        .save_with(1, Writer::new(model(1.0)), SaveOptions::incremental())
+        .unwrap();
+    checkpoints
+        .save_with(2, Writer::new(model(2.0)), SaveOptions::incremental())
+        .unwrap();
+    checkpoints
+        .save_with(3, Writer::new(model(3.0)), SaveOptions::sharded(1024))
+        .unwrap();
+    for step in [2, 3] {
+        let checkpoint = checkpoints.open(step).unwrap();
+        let dir = format!("hf-{step}");
+        let summary = checkpoint
+            .export(Arc::clone(&dyn_storage), &dir, &ExportOptions::default())
+            .unwrap();
+        assert_eq!(summary.tensors, 2);
+        for tensor in model(step as f32) {
+            let (dtype, bytes) = shard_tensor(&storage, &summary.index, tensor.name());
+            assert_eq!(dtype, DType::F32);
+            assert_eq!(
+                bytes,
+                tensor.bytes().unwrap().to_vec().unwrap(),
+                "step {step}"
+            );
+        }
+    }
+    assert!(
+        checkpoints.open(2).unwrap().referenced_bytes() > 0,
+        "step 2 was not incremental"
     );
 }

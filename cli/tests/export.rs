@@ -141,3 +141,49 @@ fn an_export_killed_at_any_moment_is_never_loadable_and_a_rerun_finishes_it() {
     }
     assert!(killed_part_way > 0, "no kill landed during an export");
 }
+
+#[test]
+fn a_container_and_a_sharded_set_export_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = weightbay_local::LocalStorage::new(dir.path());
+    let tensors = || {
+        (0..4)
+            .map(|i| Tensor::from_slice(format!("w{i}"), [256], &[i as f32; 256]))
+            .collect::<Vec<_>>()
+    };
+    Writer::new(tensors())
+        .write_to(&storage, "model.bpk")
+        .unwrap();
+    let sharded = weightbay::ShardedWriter::new(
+        Writer::new(tensors()).with_format(weightbay::Format::Safetensors),
+    )
+    .with_shard_len(2048)
+    .write_to(&storage, "set")
+    .unwrap();
+    for (source, out) in [
+        (
+            dir.path().join("model.bpk"),
+            dir.path().join("from-container"),
+        ),
+        (dir.path().join(&sharded.index), dir.path().join("from-set")),
+    ] {
+        let said = ok(&[
+            "export",
+            source.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--max-shard-size",
+            "2KiB",
+        ]);
+        assert!(
+            said.contains("exported 4 tensors") && said.contains("in 2 shards"),
+            "{said}"
+        );
+        let index = out.join(EXPORT_INDEX);
+        let verified = ok(&["verify", index.to_str().unwrap(), "--require-checksums"]);
+        assert_eq!(
+            verified.matches("every checksum matches").count(),
+            2,
+            "{verified}"
+        );
+    }
+}
