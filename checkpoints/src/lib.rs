@@ -52,15 +52,28 @@
 //! bytes for the rest; it reads like a full one, and [`Checkpoints::retain`] and
 //! [`Checkpoints::gc`] never delete a byte a kept checkpoint or a save in progress refers to.
 //!
+//! [`Tiered`] puts two prefixes together: saves commit on a fast tier (a local disk) and are
+//! promoted to a durable one (object storage) in the background, and a resumed run loads the
+//! newest checkpoint either tier holds whole. [`Checkpoint::export`] writes any checkpoint in
+//! the Hugging Face layout (`model-0000k-of-0000N.safetensors` and its index, written last).
+//!
 //! The crate is built over `weightbay`'s public API only. Its files are its own formats
 //! (commit records and rank manifests, versioned JSON: docs/FORMAT.md), and each concern has a
-//! module: the stored schema (`record`), where keys lie (`layout`), saving in the foreground
-//! (`save`) and the background (`background`), incremental saves (`incremental`, `content`)
-//! and their reads (`spliced`), finding checkpoints (`listing`), retention and
-//! gc (`retention`), copies (`copy`), export to the Hugging Face layout (`export`, reading ahead of its writer in
-//! `tensors_ahead`), one checkpoint and its verification (`checkpoint`), rank
-//! saves (`ranks`) and their merge (`merge`), and loading in any rank layout (`assembled`,
-//! `region`).
+//! module:
+//!
+//! - the value and what its modules share (`checkpoints`), the stored schema (`record`), where
+//!   keys lie (`layout`);
+//! - saving in the foreground (`save`) and the background (`background`), the saves in flight
+//!   (`in_flight`), what a save learns of its containers as they stream (`recording`);
+//! - incremental saves (`incremental`, `content`) and their reads (`spliced`);
+//! - finding checkpoints (`listing`), retention and gc (`retention`), copies (`copy`), one
+//!   checkpoint and its verification (`checkpoint`);
+//! - rank saves (`ranks`) and their merge (`merge`), loading in any rank layout (`assembled`,
+//!   `region`), requests made several at a time (`parallel`);
+//! - tiers (`tiered`), their promotion (`promotion`) and a promotion that follows a save as it
+//!   writes (`following`);
+//! - export to the Hugging Face layout (`export`), reading ahead of its writer
+//!   (`tensors_ahead`).
 
 /// The README's examples (which use this crate and `weightbay`), compiled and run as doctests.
 #[cfg(doctest)]
