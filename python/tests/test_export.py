@@ -95,22 +95,22 @@ def logits(model: Any) -> torch.Tensor:
         return model(PROMPT).logits
 
 
-def test_a_four_rank_export_loads_in_transformers_with_the_same_logits(
-    tmp_path: Path, cli: str
-) -> None:
+@pytest.fixture
+def saved(tmp_path: Path) -> tuple[Any, str, str]:
+    """The tiny Llama saved by four ranks as step 1 of a run: the model, the run's location and
+    the path of its config.json."""
     model = llama(tmp_path / "config")
     run = str(tmp_path / "run")
     save_by_four_ranks(model, run)
+    return model, run, str(tmp_path / "config" / "config.json")
+
+
+def test_a_four_rank_export_loads_in_transformers_with_the_same_logits(
+    saved: tuple[Any, str, str], tmp_path: Path, cli: str
+) -> None:
+    model, run, config = saved
     out = tmp_path / "hf"
-    said = export(
-        cli,
-        run,
-        out,
-        "--max-shard-size",
-        "40kB",
-        "--with",
-        str(tmp_path / "config" / "config.json"),
-    )
+    said = export(cli, run, out, "--max-shard-size", "40kB", "--with", config)
     assert "tied: lm_head.weight is written once, as model.embed_tokens.weight" in said, said
 
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -132,13 +132,10 @@ def test_a_four_rank_export_loads_in_transformers_with_the_same_logits(
 
 
 def test_a_bf16_export_loads_as_transformers_casts_the_saved_model(
-    tmp_path: Path, cli: str
+    saved: tuple[Any, str, str], tmp_path: Path, cli: str
 ) -> None:
-    model = llama(tmp_path / "config")
-    run = str(tmp_path / "run")
-    save_by_four_ranks(model, run)
+    model, run, config = saved
     out = tmp_path / "hf"
-    config = str(tmp_path / "config" / "config.json")
     export(cli, run, out, "--dtype", "bf16", "--with", config)
     for shard in out.glob("model-*.safetensors"):
         for name, tensor in load_file(shard).items():
@@ -177,11 +174,9 @@ def data_offsets(shard: Path) -> tuple[int, dict[str, tuple[int, int]]]:
 
 
 def test_an_aligned_export_passes_validation_with_its_tensors_on_the_alignment(
-    tmp_path: Path, cli: str
+    saved: tuple[Any, str, str], tmp_path: Path, cli: str
 ) -> None:
-    model = llama(tmp_path / "config")
-    run = str(tmp_path / "run")
-    save_by_four_ranks(model, run)
+    model, run, _ = saved
     out = tmp_path / "hf"
     said = export(cli, run, out, "--align", "4096", "--max-shard-size", "100kB")
     shards = sorted(out.glob("model-*.safetensors"))
@@ -202,11 +197,9 @@ def test_an_aligned_export_passes_validation_with_its_tensors_on_the_alignment(
 
 
 def test_an_export_to_any_store_verifies_and_loads_shard_by_shard(
-    root: str, tmp_path: Path, cli: str
+    saved: tuple[Any, str, str], root: str, cli: str
 ) -> None:
-    model = llama(tmp_path / "config")
-    run = str(tmp_path / "run")
-    save_by_four_ranks(model, run)
+    model, run, _ = saved
     destination = f"{root}/hf"
     done = subprocess.run(
         [cli, "export", run, destination, "--max-shard-size", "40kB"],
