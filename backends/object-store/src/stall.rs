@@ -213,9 +213,7 @@ impl StallWatch {
         started: Instant,
         body_len: usize,
     ) -> HttpError {
-        let earlier = self.cuts().get(identity).copied().unwrap_or(0);
-        // 2^16 times the allowance is past any request timeout, which stays the ceiling.
-        let widen = 1u32 << earlier.min(16);
+        let (earlier, widen) = self.widening(identity);
         loop {
             tokio::time::sleep(TICK).await;
             let Some((allowed, expected)) = self.waiting_allowance(body_len) else {
@@ -224,11 +222,7 @@ impl StallWatch {
             let waited = started.elapsed();
             if waited > allowed * widen {
                 self.cut_waiting.fetch_add(1, Ordering::Relaxed);
-                let mut cuts = self.cuts();
-                if cuts.len() >= REMEMBERED_CUTS {
-                    cuts.clear();
-                }
-                *cuts.entry(identity.to_owned()).or_default() += 1;
+                self.note_cut(identity);
                 return stalled(format!(
                     "no bytes for {:.1} s after the request{}, where {:.1} s was expected{}",
                     waited.as_secs_f64(),
@@ -248,6 +242,23 @@ impl StallWatch {
                 ));
             }
         }
+    }
+
+    /// How many times the request `identity` was cut since it was last answered, and what its
+    /// allowance is multiplied by for that: 2 to that power (at most 2^16, past any request
+    /// timeout, which stays the ceiling).
+    fn widening(&self, identity: &str) -> (u32, u32) {
+        let earlier = self.cuts().get(identity).copied().unwrap_or(0);
+        (earlier, 1 << earlier.min(16))
+    }
+
+    /// Remembers that the request `identity` was cut while it waited.
+    fn note_cut(&self, identity: &str) {
+        let mut cuts = self.cuts();
+        if cuts.len() >= REMEMBERED_CUTS {
+            cuts.clear();
+        }
+        *cuts.entry(identity.to_owned()).or_default() += 1;
     }
 
     /// Forgets that the request `identity` was cut: it was answered.
@@ -502,34 +513,33 @@ mod tests {
 
     #[tokio::test]
     async fn each_cut_doubles_what_the_next_try_of_that_request_may_wait() {
-        let watch = watch(200);
-        watch.observe_answer(Duration::from_millis(10), 0, false);
-        let wait_of = |identity: &'static str| {
-            let watch = Arc::clone(&watch);
-            async move {
-                let started = Instant::now();
-                let error = watch.stalled_waiting(identity, started, 0).await;
-                (started.elapsed(), error.to_string())
-            }
-        };
-        let (first, _) = wait_of("GET /a bytes=0-9").await;
-        let (second, said) = wait_of("GET /a bytes=0-9").await;
-        let (third, _) = wait_of("GET /a bytes=0-9").await;
-        let (other, _) = wait_of("GET /a bytes=10-19").await;
-        // Cut on the first look past the allowance (looks are 100 ms apart): past 0.2 s, 0.4 s
-        // and 0.8 s, and another range past 0.2 s again.
-        let ms = |d: Duration| d.as_millis();
-        assert!(ms(first) >= 200 && ms(first) < 400, "{first:?}");
-        assert!(ms(second) >= 400 && ms(second) < 700, "{second:?}");
-        assert!(ms(third) >= 800 && ms(third) < 1200, "{third:?}");
-        assert!(
-            ms(other) < 400,
-            "another request waits the plain allowance: {other:?}"
+        let watch = watch(50);
+        watch.observe_answer(Duration::from_millis(1), 0, false);
+        let (a, b) = ("GET /a bytes=0-9", "GET /a bytes=10-19");
+        assert_eq!(watch.widening(a), (0, 1));
+        watch.note_cut(a);
+        watch.note_cut(a);
+        assert_eq!(
+            watch.widening(a),
+            (2, 4),
+            "two cuts: four times the allowance"
         );
+        assert_eq!(
+            watch.widening(b),
+            (0, 1),
+            "another range is another request"
+        );
+        watch.answered(a);
+        assert_eq!(watch.widening(a), (0, 1), "an answer forgets the cuts");
+        // A cut says how long its try was allowed and why.
+        watch.note_cut(a);
+        let said = watch
+            .stalled_waiting(a, Instant::now(), 0)
+            .await
+            .to_string();
+        assert!(said.contains("waited 2 times that allowance"), "{said}");
         assert!(said.contains("cut 1 times before"), "{said}");
-        watch.answered("GET /a bytes=0-9");
-        let (after, _) = wait_of("GET /a bytes=0-9").await;
-        assert!(ms(after) < 400, "an answer forgets the cuts: {after:?}");
+        assert_eq!(watch.widening(a), (2, 4), "the cut is remembered");
     }
 
     /// Reads `body` to its end or its first error, pausing `pause` after the first frame.
