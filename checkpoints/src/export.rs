@@ -352,19 +352,10 @@ pub fn export_tensors(
         checksums.insert(file, ShardChecksum { len, crc32c });
     }
     for (name, bytes) in &options.files {
-        let key = format!("{prefix}{name}");
-        let write = || -> Result<()> {
-            let mut sink = storage.create(
-                &key,
-                &CreateOptions::default()
-                    .with_mode(WriteMode::Overwrite)
-                    .with_durability(options.durability)
-                    .with_expected_len(bytes.len() as u64),
-            )?;
-            sink.write(bytes)?;
-            sink.commit()
-        };
-        write().map_err(|e| e.with_key(&key))?;
+        let overwrite = CreateOptions::default()
+            .with_mode(WriteMode::Overwrite)
+            .with_durability(options.durability);
+        storage.write_whole(&format!("{prefix}{name}"), bytes, overwrite)?;
     }
     let body = serde_json::json!({
         "metadata": {

@@ -28,9 +28,16 @@ pub trait StorageExt: Storage {
     /// As [`write_new`](Self::write_new);
     /// [`ErrorKind::TimedOut`](crate::ErrorKind::TimedOut) past the deadline.
     fn write_new_with(&self, key: &str, body: &[u8], options: CreateOptions) -> Result<()> {
-        let options = options
-            .with_mode(WriteMode::CreateNew)
-            .with_expected_len(body.len() as u64);
+        self.write_whole(key, body, options.with_mode(WriteMode::CreateNew))
+    }
+
+    /// Writes `body`, a small file, to `key` in one sink with `options` (their mode included;
+    /// the length is the body's), committed once it is all written: it appears whole.
+    ///
+    /// # Errors
+    /// The storage's errors, naming the key and the operation.
+    fn write_whole(&self, key: &str, body: &[u8], options: CreateOptions) -> Result<()> {
+        let options = options.with_expected_len(body.len() as u64);
         let mut sink = self
             .create(key, &options)
             .map_err(|e| e.with_operation("create").with_key(key))?;
