@@ -5,7 +5,8 @@
 #   vars=$(scripts/servers.sh start gcs) && eval "$vars"   # fake GCS XML API (test fixture)
 #   vars=$(scripts/servers.sh start azure) && eval "$vars" # Azurite (Azure Blob emulator)
 #   vars=$(scripts/servers.sh start proxy) && eval "$vars" # fault-injecting proxy (tests)
-#   scripts/servers.sh stop s3|gcs|azure|proxy
+#   vars=$(scripts/servers.sh start s3-disk) && eval "$vars" # s3s-fs (S3 over a directory; benchmarks)
+#   scripts/servers.sh stop s3|gcs|azure|proxy|s3-disk
 #   scripts/servers.sh stop-all
 #
 # `start` prints only `export VAR=...` lines on stdout (everything else goes to stderr), so its
@@ -28,6 +29,14 @@
 #        proxy of its own, in front of one of the servers above, that injects the faults it
 #        asks for (503 SlowDown, 429, resets mid-body, stalls, latency, per-prefix rate limits).
 #        Prints WEIGHTBAY_FAULT_PROXY (the control URL).
+#   s3-disk: s3s-fs from crates.io (`cargo install`ed under $WEIGHTBAY_CACHE/s3s-fs on first use,
+#        about 3 minutes on 2 cores; needs cargo), an S3 server that keeps objects as files under
+#        $WEIGHTBAY_S3_DISK_DIR (default $WEIGHTBAY_RUN_DIR/s3-disk). It serves a ranged GET by
+#        seeking and joins a multipart upload at disk speed, where moto reads the whole object
+#        for every ranged GET and keeps everything in memory, so the benchmarks measure clients
+#        on it rather than the server. It is not the tests' server: its conditional PUT is not
+#        atomic, a GET ignores If-Match, and an object `a` and an object `a/b` cannot both
+#        exist. Prints the same variables as s3 (one of the two at a time) and checks SigV4.
 #
 # Env knobs:
 #   WEIGHTBAY_CACHE    cache root (default ~/.cache/weightbay); venv in $WEIGHTBAY_CACHE/venv
@@ -49,19 +58,20 @@ FAKE_GCS_PY=$ROOT/backends/object-store/tests/fixtures/fake_gcs_xml.py
 FAULT_PROXY_PY=$ROOT/scripts/fault_proxy.py
 MOTO_REQS=("moto[s3]==5.2.5" "flask<4" "flask-cors<7")   # versions verified in emulators.md
 AZURITE_PKG=azurite@3.35.0                                 # verified against object_store 0.14
+S3S_FS_VERSION=0.14.1     # 0.15 and later need rustc 1.96
 START_TIMEOUT_S=30
 
 log() { echo "servers.sh: $*" >&2; }
 die() { echo "servers.sh: ERROR: $*" >&2; exit 1; }
 usage() {
-  echo "usage: $0 start s3|gcs|azure|proxy | stop s3|gcs|azure|proxy | stop-all" >&2
+  echo "usage: $0 start s3|gcs|azure|proxy|s3-disk | stop s3|gcs|azure|proxy|s3-disk | stop-all" >&2
   exit 2
 }
 
 # Is $1 alive and is its command line ours (guards against a recycled PID)?
 is_ours() { # pid kind
   local pid=$1 pat
-  case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; azure) pat=azurite-blob ;; proxy) pat=fault_proxy.py ;; esac
+  case "$2" in s3) pat=moto_server ;; gcs) pat=fake_gcs_xml.py ;; azure) pat=azurite-blob ;; proxy) pat=fault_proxy.py ;; s3-disk) pat=s3s-fs ;; esac
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   alive "$pid" || return 1
   [ -r "/proc/$pid/cmdline" ] || return 0       # no procfs: trust kill -0
@@ -357,6 +367,52 @@ start_proxy() {
   cat "$RUN/proxy.env"
 }
 
+install_s3s_fs() {
+  local dir=$CACHE/s3s-fs
+  if [ -x "$dir/bin/s3s-fs" ] && [ "$(cat "$dir/.weightbay-version" 2>/dev/null)" = "$S3S_FS_VERSION" ]; then
+    return 0
+  fi
+  command -v cargo >/dev/null || die "cargo not found (s3s-fs is installed from crates.io)"
+  log "installing s3s-fs $S3S_FS_VERSION into $dir (cargo install, a few minutes)"
+  # Its own target directory: the workspace's must not be rebuilt with another feature set.
+  CARGO_TARGET_DIR=$dir/target cargo install --quiet --locked --features binary \
+    --root "$dir" "s3s-fs@$S3S_FS_VERSION" >&2 || die "cargo install s3s-fs@$S3S_FS_VERSION failed"
+  rm -rf "$dir/target"
+  echo "$S3S_FS_VERSION" >"$dir/.weightbay-version"
+}
+
+start_s3_disk() {
+  mkdir -p "$RUN"
+  already_running s3-disk && return 0
+  install_s3s_fs
+  local data=${WEIGHTBAY_S3_DISK_DIR:-$RUN/s3-disk} try port pid="" logf=$RUN/s3-disk.log
+  mkdir -p "$data/$BUCKET"            # s3s-fs keeps a bucket as a directory under its root
+  for try in 1 2 3; do   # the probed port can be taken before s3s-fs binds it: retry
+    port=$(free_port) || die "could not find a free port"
+    "$CACHE/s3s-fs/bin/s3s-fs" --host "$HOST" --port "$port" --access-key test --secret-key test \
+      "$data" </dev/null >"$logf" 2>&1 &
+    pid=$!
+    if wait_port "$port" "$pid" "$START_TIMEOUT_S"; then break; fi
+    log "s3s-fs did not come up on $HOST:$port (try $try/3)"
+    show_log "$logf"
+    kill_pid "$pid"
+    pid=""
+  done
+  [ -n "$pid" ] || die "s3s-fs failed to start; see $logf"
+  echo "$pid" >"$RUN/s3-disk.pid"
+  local url=http://$HOST:$port
+  write_env "$RUN/s3-disk.env" \
+    "AWS_ENDPOINT=$url" \
+    AWS_ALLOW_HTTP=true \
+    AWS_ACCESS_KEY_ID=test \
+    AWS_SECRET_ACCESS_KEY=test \
+    AWS_DEFAULT_REGION=us-east-1 \
+    "AWS_BUCKET=$BUCKET" \
+    "WEIGHTBAY_S3_URL=s3://$BUCKET"
+  log "s3s-fs S3 ready at $url (pid $pid, bucket $BUCKET under $data, log $logf)"
+  cat "$RUN/s3-disk.env"
+}
+
 stop_kind() { # kind
   local pidf=$RUN/$1.pid pid
   if [ ! -f "$pidf" ]; then
@@ -387,11 +443,12 @@ case "${1:-}" in
       gcs) start_gcs ;;
       azure) start_azure ;;
       proxy) start_proxy ;;
+      s3-disk) start_s3_disk ;;
       *) usage ;;
     esac ;;
   stop)
     case "${2:-}" in
-      s3 | gcs | azure | proxy) stop_kind "$2" || exit 1 ;;
+      s3 | gcs | azure | proxy | s3-disk) stop_kind "$2" || exit 1 ;;
       *) usage ;;
     esac ;;
   stop-all)
@@ -400,6 +457,7 @@ case "${1:-}" in
     stop_kind gcs || rc=1
     stop_kind azure || rc=1
     stop_kind proxy || rc=1
+    stop_kind s3-disk || rc=1
     exit $rc ;;
   *) usage ;;
 esac
