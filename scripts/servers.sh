@@ -159,6 +159,18 @@ write_env() { # file VAR=value...
   mv "$f.tmp" "$f"
 }
 
+# What object_store's AmazonS3Builder::from_env() reads, for either S3 server.
+write_s3_env() { # file url
+  write_env "$1" \
+    "AWS_ENDPOINT=$2" \
+    AWS_ALLOW_HTTP=true \
+    AWS_ACCESS_KEY_ID=test \
+    AWS_SECRET_ACCESS_KEY=test \
+    AWS_DEFAULT_REGION=us-east-1 \
+    "AWS_BUCKET=$BUCKET" \
+    "WEIGHTBAY_S3_URL=s3://$BUCKET"
+}
+
 ensure_venv() {
   command -v "$PY" >/dev/null || die "$PY not found (python3 is required)"
   mkdir -p "$CACHE"
@@ -219,14 +231,7 @@ start_s3() {
     rm -f "$RUN/s3.pid"
     die "moto started on $url but creating bucket $BUCKET failed"
   fi
-  write_env "$RUN/s3.env" \
-    "AWS_ENDPOINT=$url" \
-    AWS_ALLOW_HTTP=true \
-    AWS_ACCESS_KEY_ID=test \
-    AWS_SECRET_ACCESS_KEY=test \
-    AWS_DEFAULT_REGION=us-east-1 \
-    "AWS_BUCKET=$BUCKET" \
-    "WEIGHTBAY_S3_URL=s3://$BUCKET"
+  write_s3_env "$RUN/s3.env" "$url"
   log "moto S3 ready at $url (pid $pid, bucket $BUCKET, log $logf)"
   cat "$RUN/s3.env"
 }
@@ -401,14 +406,7 @@ start_s3_disk() {
   [ -n "$pid" ] || die "s3s-fs failed to start; see $logf"
   echo "$pid" >"$RUN/s3-disk.pid"
   local url=http://$HOST:$port
-  write_env "$RUN/s3-disk.env" \
-    "AWS_ENDPOINT=$url" \
-    AWS_ALLOW_HTTP=true \
-    AWS_ACCESS_KEY_ID=test \
-    AWS_SECRET_ACCESS_KEY=test \
-    AWS_DEFAULT_REGION=us-east-1 \
-    "AWS_BUCKET=$BUCKET" \
-    "WEIGHTBAY_S3_URL=s3://$BUCKET"
+  write_s3_env "$RUN/s3-disk.env" "$url"
   log "s3s-fs S3 ready at $url (pid $pid, bucket $BUCKET under $data, log $logf)"
   cat "$RUN/s3-disk.env"
 }
