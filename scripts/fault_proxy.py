@@ -29,6 +29,10 @@ and talks to 127.0.0.1:N as if it were the server. Faults (all optional):
     "fail": {"match": "PUT ", "times": 2, "status": 403, "code": "AccessDenied"}
                                    the first `times` matching requests are answered with this
                                    status and S3 error code
+    "slow": {"match": "?uploadId=", "times": 1, "seconds": 4}
+                                   the first `times` matching requests are served, and their
+                                   answer sent `seconds` later: a store that takes long over
+                                   one kind of request (joining a large upload's parts)
     "rate_limit": {"per_second": 3500, "depth": 2}
                                    requests beyond `per_second` in one second for one key
                                    prefix (the first `depth` path segments) answered 503
@@ -144,10 +148,11 @@ class Proxy:
         self.lock = threading.Lock()
         self.counts = {"requests": 0, "forwarded": 0, "status": 0, "reset": 0, "request_reset": 0,
                        "stalled": 0, "failed": 0, "rate_limited": 0, "held": 0,
-                       "half_body_stalled": 0, "dripped": 0, "slow_first_byte": 0}
+                       "half_body_stalled": 0, "dripped": 0, "slow_first_byte": 0, "slow": 0}
         self.stalls_left = (faults.get("stall") or {}).get("times", 0)
         self.fails_left = (faults.get("fail") or {}).get("times", 0)
         self.cuts_left = (faults.get("cut") or {}).get("times", 0)
+        self.slows_left = (faults.get("slow") or {}).get("times", 0)
         self.windows = {}
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -289,6 +294,10 @@ class Proxy:
                     self.count("held")
                     self.hold(reader)
                     return
+                slow = self.take("slow", "slows_left", request_line)
+                if slow:
+                    self.count("slow")
+                    time.sleep(slow.get("seconds", 4))
                 if self.draw("slow_first_byte_share", method):
                     self.count("slow_first_byte")
                     time.sleep(self.faults.get("slow_first_byte_s", 5))

@@ -88,7 +88,7 @@ impl HttpService for Guarded {
     async fn call(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
         let body_len = request.body().content_length();
         let retried = retried_once_cut(&request);
-        let watched_body = is_object_read(&request) || is_multipart_post(&request);
+        let watched_body = is_object_read(&request) || is_multipart_start(&request);
         let ranged = is_ranged_get(&request);
         let identity = retry_identity(&request);
         let sent = self.throttle.pace().await;
@@ -123,12 +123,18 @@ impl HttpService for Guarded {
 
 /// Whether a request is tried again once it times out, so that cutting it costs a retry
 /// rather than the operation: reads (GET, HEAD, pinned to an ETag or not), unconditional PUTs
-/// (objects, parts, blocks, block lists, copies), and starting or completing a multipart
-/// upload (POST with `uploads` or `uploadId`), all of which object_store marks idempotent;
-/// and deletes (DELETE, S3's POST `?delete`), which this crate sends again itself
-/// (`landed::delete`). Conditional writes (create-new's `If-None-Match`) are not: a cut would
-/// fail a write a slow store was about to carry out, so they wait for the request timeout, as
-/// before.
+/// (objects, parts, blocks, block lists, copies), and starting a multipart upload (POST with
+/// `uploads`), all of which object_store marks idempotent; and deletes (DELETE, S3's POST
+/// `?delete`), which this crate sends again itself (`landed::delete`).
+///
+/// Conditional writes (create-new's `If-None-Match`) are not: a cut would fail a write a slow
+/// store was about to carry out, so they wait for the request timeout. Nor is completing a
+/// multipart upload (POST with `uploadId`): the store joins every part before it answers, so
+/// its wait grows with the object's size, which the request does not show (S3 may take
+/// minutes, and keeps the connection open with whitespace meanwhile), and a cut can lose the
+/// save: s3s-fs forgets the upload before it joins the parts and stops joining when the
+/// connection closes, so the retry is refused (403) and nothing was written. A 2 GiB save to
+/// s3s-fs failed so, its completion cut after 2 s.
 fn retried_once_cut(request: &HttpRequest) -> bool {
     let headers = request.headers();
     let conditional = headers.contains_key(http::header::IF_NONE_MATCH)
@@ -137,7 +143,7 @@ fn retried_once_cut(request: &HttpRequest) -> bool {
         http::Method::GET | http::Method::HEAD | http::Method::DELETE => true,
         http::Method::PUT => !conditional,
         http::Method::POST => {
-            !conditional && (is_multipart_post(request) || names_query(request, "delete"))
+            !conditional && (is_multipart_start(request) || names_query(request, "delete"))
         }
         _ => false,
     }
@@ -153,12 +159,10 @@ fn is_object_read(request: &HttpRequest) -> bool {
             || request.uri().query().is_none_or(str::is_empty))
 }
 
-/// Whether a request starts or completes a multipart upload (POST with `uploads` or
-/// `uploadId`). The sink treats a failure of its answer as a lost answer (it starts again, or
-/// looks whether the completion landed), so a body that stalls is cut rather than waited for.
-fn is_multipart_post(request: &HttpRequest) -> bool {
-    *request.method() == http::Method::POST
-        && (names_query(request, "uploads") || names_query(request, "uploadId"))
+/// Whether a request starts a multipart upload (POST with `uploads`). The sink starts again
+/// when its answer is lost, so a body that stalls is cut rather than waited for.
+fn is_multipart_start(request: &HttpRequest) -> bool {
+    *request.method() == http::Method::POST && names_query(request, "uploads")
 }
 
 /// Whether the request's query has a parameter called `name` (`?delete`, `?uploadId=…`).

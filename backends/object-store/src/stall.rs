@@ -17,8 +17,8 @@
 //!   (the request timeout still is), and a waiting request's allowance is worked out again as
 //!   answers come in, so the first parts of a save are cut soon after their peers finish.
 //! - **Reading an object's body** (a GET of its bytes, which object_store resumes from the
-//!   last byte received), or the answer to starting or completing a multipart upload (whose
-//!   loss the sink handles). A body that brings no bytes for the waiting allowance of a request
+//!   last byte received), or the answer to starting a multipart upload (whose loss the sink
+//!   handles). A body that brings no bytes for the waiting allowance of a request
 //!   without a body, or fewer than `min_body_rate` bytes a second over `floor`, is cut. Only
 //!   time the reader spent waiting for bytes counts: a consumer that stops reading is not a
 //!   stalled store.
@@ -37,10 +37,12 @@
 //!   kept low, and the read failed.
 //!
 //! Only requests that are tried again after a timeout are cut while they wait: reads,
-//! unconditional PUTs (objects, parts, blocks, copies), starting or completing a multipart
-//! upload (object_store repeats all of these), and deletes (which this crate sends again).
+//! unconditional PUTs (objects, parts, blocks, copies), starting a multipart upload
+//! (object_store repeats all of these), and deletes (which this crate sends again).
 //! Conditional writes (create-new's `If-None-Match`), which nobody repeats, wait for the
-//! request timeout as before.
+//! request timeout as before, and so does completing a multipart upload, whose wait grows
+//! with the object's size and whose cut can lose the save on some stores (see
+//! `retried_once_cut`).
 //!
 //! A cut request fails with a timeout, which object_store retries: an upload's part from its
 //! buffer, a download from the last byte received (pinned to the object's ETag), and the error

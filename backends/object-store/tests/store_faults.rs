@@ -624,6 +624,30 @@ fn a_completion_whose_answer_is_lost_still_saves() {
 }
 
 #[test]
+fn a_completion_that_takes_long_is_waited_for_not_cut() {
+    // The store answers a completion 4 s after it is sent (it joins the parts first), past
+    // the 2 s floor the parts' quick answers set every other request's allowance to. A cut
+    // completion can lose the save (s3s-fs forgets the upload, stops joining when the
+    // connection closes and refuses the retry), so it waits for the request timeout.
+    let faults = r#"{"slow": {"match": "?uploadId=", "times": -1, "seconds": 4}}"#;
+    let Some((proxy, storage)) = through_proxy(faults, "30s", quick_retries(3)) else {
+        return;
+    };
+    let expected = container(3, 21).into_bytes().expect("a container");
+    container(3, 21)
+        .write_to(&storage, "joined.bpk")
+        .unwrap_or_else(|e| panic!("save: {e:#}"));
+    let counts = storage.stall_watch().expect("a stall watch").counts();
+    assert_eq!(counts.cut(), 0, "{counts:?}");
+    assert_eq!(
+        proxy.count("slow"),
+        1,
+        "the completion was sent more than once"
+    );
+    assert_stored(&storage, "joined.bpk", &expected);
+}
+
+#[test]
 fn a_refused_completion_fails_even_over_a_container_of_the_same_length() {
     let prefix = unique();
     let Some((_clean, storage)) = through_proxy_at(&prefix, "{}", "30s", quick_retries(3)) else {
