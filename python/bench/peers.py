@@ -5,16 +5,19 @@ Rows (each system's every run shown, then its median and median / weightbay's; a
 weightbay is faster):
 
 - ``s3-load``: a safetensors file of ``--size-mib`` (a 1024-wide transformer's bf16 weights)
-  from the S3 server into CPU tensors: ``weightbay.load`` against Run:ai Model Streamer
+  from the S3 server into CPU tensors: ``weightbay.load`` (with its defaults, and with the 16 MiB
+  ranged requests it makes to a store on another machine) against Run:ai Model Streamer
   (``SafetensorsStreamer``), s3torchconnector (``S3Client.get_object`` + ``safetensors.torch.load``)
   and fsspec (``s3fs`` + ``safetensors.torch.load``). The server's own limit is paired in the
-  same rounds: one whole-object GET by ``curl`` into ``/dev/null``.
+  same rounds: one whole-object GET by ``curl`` into ``/dev/null``, and the object in 16 MiB
+  ranged GETs, 16 at once, by one ``curl --parallel``.
 - ``local-load``: the same file from local disk, the page cache dropped before every run:
   ``weightbay.load`` against Run:ai, fastsafetensors (its CPU path, ``nogds=True``) and
   ``safetensors.torch.load_file``, with the disk's limit (``cat`` into ``/dev/null``) beside them.
 - ``dcp`` (a save table and a load table): a DCP state dict of ``--size-mib`` (bf16 weights, two
   fp32 Adam moments each) saved by one process to the S3 server with
-  ``weightbay.torch.StorageWriter``, s3torchconnector's ``S3StorageWriter`` and DCP's
+  ``weightbay.torch.StorageWriter`` (twice: with its defaults, and with the 16 MiB requests
+  it makes to a store on another machine), s3torchconnector's ``S3StorageWriter`` and DCP's
   ``FsspecWriter`` over ``s3fs``, each with the defaults a user gets; then loaded back by the
   system that saved it into a state dict of the same shapes.
 
@@ -67,10 +70,27 @@ GET by default; s3s-fs answers a GET of a multipart object with a checksum botoc
 ("Expected checksum ... did not match"), so the AWS tools' own switch turns both off, for
 every process of the bench alike (the other clients send none)."""
 
+RANGED = "weightbay, 16 MiB requests"
+"""weightbay as it loads from a store on another machine: parallel ranged GETs of 16 MiB. For an
+endpoint on this machine its default is one GET per run of adjacent tensors (emulators such as
+moto read a whole object for every ranged GET of it); this row sets what a remote store gets."""
+
+PARALLEL_LIMIT = "limit: curl, 16 ranged GETs at once"
+"""The server's limit for parallel readers: the object in 16 MiB ranges, 16 at a time, by one
+curl."""
+
 ROWS: dict[str, list[str]] = {
-    "s3-load": ["weightbay", "runai", "s3torchconnector", "fsspec", "limit: curl GET"],
+    "s3-load": [
+        "weightbay",
+        "weightbay, 16 MiB requests",
+        "runai",
+        "s3torchconnector",
+        "fsspec",
+        "limit: curl GET",
+        PARALLEL_LIMIT,
+    ],
     "local-load": ["weightbay", "runai", "fastsafetensors", "safetensors", "limit: cat"],
-    "dcp": ["weightbay", "s3torchconnector", "fsspec"],
+    "dcp": ["weightbay", RANGED, "s3torchconnector", "fsspec"],
 }
 
 
@@ -170,7 +190,7 @@ def load_from_s3(system: str) -> dict[str, Any]:
     import safetensors.torch
 
     url = f"s3://{bucket()}/{MODEL_KEY}"
-    if system == "weightbay":
+    if system in ("weightbay", RANGED):
         import weightbay
 
         return weightbay.load(url)
@@ -217,14 +237,19 @@ def load_from_disk(system: str, path: Path) -> dict[str, Any]:
     raise ValueError(system)
 
 
+def dcp_prefix(system: str) -> str:
+    """Where `system`'s DCP checkpoints go, under the bucket."""
+    return "peers/dcp/" + system.replace(", ", "-").replace(" ", "-")
+
+
 def dcp_location(system: str, round: int) -> str:
-    return f"s3://{bucket()}/peers/dcp/{system}/round-{round}"
+    return f"s3://{bucket()}/{dcp_prefix(system)}/round-{round}"
 
 
 def dcp_save(system: str, sd: dict[str, Any], location: str) -> None:
     import torch.distributed.checkpoint as dcp
 
-    if system == "weightbay":
+    if system in ("weightbay", RANGED):
         import weightbay.torch
 
         dcp.save(sd, storage_writer=weightbay.torch.StorageWriter(location, 1))
@@ -246,7 +271,7 @@ def dcp_save(system: str, sd: dict[str, Any], location: str) -> None:
 def dcp_load(system: str, sd: dict[str, Any], location: str) -> None:
     import torch.distributed.checkpoint as dcp
 
-    if system == "weightbay":
+    if system in ("weightbay", RANGED):
         import weightbay.torch
 
         dcp.load(sd, storage_reader=weightbay.torch.StorageReader(location, 1))
@@ -317,15 +342,24 @@ def status_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def limit(row: str, path: Path) -> dict[str, Any]:
+def limit(row: str, system: str, path: Path) -> dict[str, Any]:
     """The server's or the disk's limit for the row's bytes, timed from outside."""
     if row == "s3-load":
-        command = [
-            "curl", "-sS", "--fail", "-o", "/dev/null", "--aws-sigv4", f"aws:amz:{REGION}:s3",
+        signed = [
+            "-sS", "--fail", "-o", "/dev/null", "--aws-sigv4", f"aws:amz:{REGION}:s3",
             "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD",
             "--user", f"{os.environ['AWS_ACCESS_KEY_ID']}:{os.environ['AWS_SECRET_ACCESS_KEY']}",
-            f"{endpoint()}/{bucket()}/{MODEL_KEY}",
         ]  # fmt: skip
+        url = f"{endpoint()}/{bucket()}/{MODEL_KEY}"
+        if system == PARALLEL_LIMIT:
+            size, step = path.stat().st_size, 16 << 20
+            command = ["curl", "--silent", "--parallel", "--parallel-max", "16"]
+            for offset in range(0, size, step):
+                end = min(offset + step, size) - 1
+                command += [*signed, "-r", f"{offset}-{end}", url, "--next"]
+            command.pop()
+        else:
+            command = ["curl", *signed, url]
     else:
         command = ["cat", str(path)]
     start = time.perf_counter()
@@ -340,6 +374,8 @@ def timed(row: str, system: str, argument: str, size_mib: int) -> dict[str, Any]
     env = dict(os.environ, AWS_ENDPOINT_URL=endpoint(), AWS_EC2_METADATA_DISABLED="true")
     env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
     env.update(CHECKSUMS_WHEN_REQUIRED)
+    if system == RANGED:
+        env["WEIGHTBAY_FETCH_REQUEST_LEN"] = str(16 << 20)
     out = subprocess.run(
         [sys.executable, __file__, "--child", row, system, argument, str(size_mib)],
         stdout=subprocess.PIPE,
@@ -459,14 +495,14 @@ def main() -> None:
                 for system in rotated(ROWS[row], round):
                     settled(drop=row == "local-load")
                     if system.startswith("limit"):
-                        result = limit(row, path)
+                        result = limit(row, system, path)
                     elif row == "dcp":
                         location = dcp_location(system, round)
                         result = timed("dcp-save", system, location, args.size_mib)
                         if "error" not in result:
                             loaded = timed("dcp-load", system, location, args.size_mib)
                             loads[system].append(loaded)
-                        removed(f"peers/dcp/{system}")
+                        removed(dcp_prefix(system))
                     else:
                         result = timed(row, system, str(path), args.size_mib)
                     results[row][system].append(result)

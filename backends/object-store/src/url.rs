@@ -29,8 +29,11 @@ use crate::throttle::Throttle;
 ///
 /// Options named `weightbay_*` are this crate's: `weightbay_stall_detection` (`on` or `off`),
 /// `weightbay_stall_floor_secs`, `weightbay_stall_factor`, `weightbay_stall_min_body_rate` and
-/// `weightbay_hedged_reads_percent` set [`ObjectStoreOptions::stall_detection`] (see [`StallDetection`]); where an option is
-/// not given, the environment variable of the same name in capitals is read.
+/// `weightbay_hedged_reads_percent` set [`ObjectStoreOptions::stall_detection`] (see
+/// [`StallDetection`]); `weightbay_fetch_request_len` (bytes, or `whole`) sets
+/// [`ObjectStoreOptions::fetch_request_len`], which otherwise follows where the store runs
+/// (`whole` for an endpoint on this machine). Where an option is not given, the environment
+/// variable of the same name in capitals is read.
 ///
 /// # Errors
 /// [`ErrorKind::InvalidInput`] for a URL that is not one of these, or a bad option.
@@ -79,8 +82,10 @@ where
         .into_iter()
         .map(|(key, value)| (key.as_ref().to_owned(), value.into()))
         .partition(|(key, _)| key.to_ascii_lowercase().starts_with(OPTION_PREFIX));
-    let stall_detection =
-        stall_detection(&ours, &|name| std::env::var(name).ok()).map_err(|e| e.with_key(url))?;
+    let OwnOptions {
+        stall_detection,
+        fetch_request_len,
+    } = own_options(&ours, &|name| std::env::var(name).ok()).map_err(|e| e.with_key(url))?;
     let parsed = url::Url::parse(url).map_err(|e| bad(format!("`{url}` is not a URL: {e}")))?;
     let (scheme, prefix) = ObjectStoreScheme::parse(&parsed)
         .map_err(|e| bad(format!("`{url}` names no known object store: {e}")))?;
@@ -219,7 +224,9 @@ where
     let options = defaults
         .with_durable(durable)
         .with_stall_detection(stall_detection)
-        .with_fetch_request_len(defaults.fetch_request_len.filter(|_| !local));
+        .with_fetch_request_len(
+            fetch_request_len.unwrap_or(defaults.fetch_request_len.filter(|_| !local)),
+        );
     let mut storage = ObjectStorage::new(store)?;
     storage.multipart = multipart;
     storage.s3_lister = s3_lister;
@@ -240,28 +247,39 @@ type Setting = (String, String);
 /// The options of [`open_url`] that are weightbay's rather than object_store's.
 const OPTION_PREFIX: &str = "weightbay_";
 
-/// Stall detection as the options (`weightbay_stall_detection` = `on`/`off`,
-/// `weightbay_stall_floor_secs`, `weightbay_stall_factor`, `weightbay_stall_min_body_rate`,
-/// `weightbay_hedged_reads_percent`) or else the environment (the same names in capitals) set it, from
-/// [`StallDetection::DEFAULT`].
-fn stall_detection(
-    options: &[Setting],
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<StallDetection>> {
-    const NAMES: [&str; 5] = [
-        "weightbay_stall_detection",
-        "weightbay_stall_floor_secs",
-        "weightbay_stall_factor",
-        "weightbay_stall_min_body_rate",
-        "weightbay_hedged_reads_percent",
-    ];
-    if let Some((unknown, _)) = options
-        .iter()
-        .find(|(key, _)| !NAMES.iter().any(|name| key.eq_ignore_ascii_case(name)))
-    {
+/// The names of this crate's options: stall detection's (`weightbay_stall_detection` = `on`/
+/// `off`, `weightbay_stall_floor_secs`, `weightbay_stall_factor`,
+/// `weightbay_stall_min_body_rate`, `weightbay_hedged_reads_percent`), then
+/// `weightbay_fetch_request_len` (bytes, or `whole`).
+const OWN_OPTIONS: [&str; 6] = [
+    "weightbay_stall_detection",
+    "weightbay_stall_floor_secs",
+    "weightbay_stall_factor",
+    "weightbay_stall_min_body_rate",
+    "weightbay_hedged_reads_percent",
+    "weightbay_fetch_request_len",
+];
+
+/// What this crate's options set.
+#[derive(Debug, PartialEq)]
+struct OwnOptions {
+    stall_detection: Option<StallDetection>,
+    /// [`ObjectStoreOptions::fetch_request_len`] when given (`whole`: `Some(None)`); `None`
+    /// leaves it to where the store runs.
+    fetch_request_len: Option<Option<u64>>,
+}
+
+/// This crate's options as `options` or else the environment (the same names in capitals)
+/// set them, from [`StallDetection::DEFAULT`].
+fn own_options(options: &[Setting], env: &dyn Fn(&str) -> Option<String>) -> Result<OwnOptions> {
+    if let Some((unknown, _)) = options.iter().find(|(key, _)| {
+        !OWN_OPTIONS
+            .iter()
+            .any(|name| key.eq_ignore_ascii_case(name))
+    }) {
         return Err(Error::invalid(format!(
             "unknown option `{unknown}` (weightbay's are {})",
-            NAMES.join(", ")
+            OWN_OPTIONS.join(", ")
         )));
     }
     let setting = |name: &str| {
@@ -271,43 +289,61 @@ fn stall_detection(
             .map(|(_, value)| value.trim().to_owned())
             .or_else(|| env(&name.to_ascii_uppercase()))
     };
-    let bad = |name: &str, value: &str, wanted: &str| {
-        Error::invalid(format!("`{name}` is `{value}`; it takes {wanted}"))
+    let [switch, floor, factor, rate, hedged, request_len] = OWN_OPTIONS;
+    let fetch_request_len = match setting(request_len) {
+        None => None,
+        Some(value) if value.eq_ignore_ascii_case("whole") => Some(None),
+        Some(value) => Some(Some(
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| bad_option(request_len, &value, "a length in bytes, or `whole`"))?,
+        )),
     };
-    let [switch, floor, factor, rate, hedged] = NAMES;
-    match setting(switch).as_deref() {
-        None | Some("on" | "true" | "1") => {}
-        Some("off" | "false" | "0") => return Ok(None),
-        Some(other) => return Err(bad(switch, other, "`on` or `off`")),
-    }
-    let mut settings = StallDetection::DEFAULT;
-    if let Some(value) = setting(floor) {
-        settings.floor = value
-            .parse::<f64>()
-            .ok()
-            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-            .ok_or_else(|| bad(floor, &value, "seconds"))?;
-    }
-    if let Some(value) = setting(factor) {
-        settings.factor = value
-            .parse::<u32>()
-            .ok()
-            .filter(|&n| n >= 1)
-            .ok_or_else(|| bad(factor, &value, "a whole number, 1 or more"))?;
-    }
-    if let Some(value) = setting(rate) {
-        settings.min_body_rate = value
-            .parse::<u64>()
-            .map_err(|_| bad(rate, &value, "bytes a second"))?;
-    }
-    if let Some(value) = setting(hedged) {
-        settings.hedged_reads_percent = value
-            .parse::<u32>()
-            .ok()
-            .filter(|&percent| percent <= 100)
-            .ok_or_else(|| bad(hedged, &value, "a percentage, 0 to 100"))?;
-    }
-    Ok(Some(settings))
+    let stall_detection = match setting(switch).as_deref() {
+        None | Some("on" | "true" | "1") => {
+            let mut settings = StallDetection::DEFAULT;
+            if let Some(value) = setting(floor) {
+                settings.floor = value
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+                    .ok_or_else(|| bad_option(floor, &value, "seconds"))?;
+            }
+            if let Some(value) = setting(factor) {
+                settings.factor = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| bad_option(factor, &value, "a whole number, 1 or more"))?;
+            }
+            if let Some(value) = setting(rate) {
+                settings.min_body_rate = value
+                    .parse::<u64>()
+                    .map_err(|_| bad_option(rate, &value, "bytes a second"))?;
+            }
+            if let Some(value) = setting(hedged) {
+                settings.hedged_reads_percent = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|&percent| percent <= 100)
+                    .ok_or_else(|| bad_option(hedged, &value, "a percentage, 0 to 100"))?;
+            }
+            Some(settings)
+        }
+        Some("off" | "false" | "0") => None,
+        Some(other) => return Err(bad_option(switch, other, "`on` or `off`")),
+    };
+    Ok(OwnOptions {
+        stall_detection,
+        fetch_request_len,
+    })
+}
+
+/// The error for option `name` set to a `value` it does not take.
+fn bad_option(name: &str, value: &str, wanted: &str) -> Error {
+    Error::invalid(format!("`{name}` is `{value}`; it takes {wanted}"))
 }
 
 /// The name a store's shared [`Throttle`] goes by: scheme, bucket and endpoint.
@@ -330,5 +366,70 @@ fn is_loopback(endpoint: &str) -> bool {
         Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
         Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
         None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(options: &[(&str, &str)], env: &[(&str, &str)]) -> Result<OwnOptions> {
+        let options: Vec<Setting> = options
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let env = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        own_options(&options, &env)
+    }
+
+    #[test]
+    fn nothing_given_leaves_the_defaults() {
+        let own = parsed(&[], &[]).expect("no options");
+        assert_eq!(own.stall_detection, Some(StallDetection::DEFAULT));
+        assert_eq!(own.fetch_request_len, None);
+    }
+
+    #[test]
+    fn the_fetch_request_len_is_bytes_or_whole_from_an_option_or_the_environment() {
+        let own = parsed(&[("weightbay_fetch_request_len", "16777216")], &[]).expect("bytes");
+        assert_eq!(own.fetch_request_len, Some(Some(16 << 20)));
+        let own = parsed(&[("WEIGHTBAY_FETCH_REQUEST_LEN", "whole")], &[]).expect("whole");
+        assert_eq!(own.fetch_request_len, Some(None));
+        let own = parsed(&[], &[("WEIGHTBAY_FETCH_REQUEST_LEN", "4096")]).expect("variable");
+        assert_eq!(own.fetch_request_len, Some(Some(4096)));
+        // The option wins over the variable.
+        let own = parsed(
+            &[("weightbay_fetch_request_len", "whole")],
+            &[("WEIGHTBAY_FETCH_REQUEST_LEN", "4096")],
+        )
+        .expect("both");
+        assert_eq!(own.fetch_request_len, Some(None));
+        for bad in ["0", "-1", "16MiB", ""] {
+            let error =
+                parsed(&[("weightbay_fetch_request_len", bad)], &[]).expect_err("not a length");
+            assert!(
+                error.to_string().contains("weightbay_fetch_request_len"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn stall_detection_is_turned_off_or_tuned_and_unknown_options_are_named() {
+        let own = parsed(&[], &[("WEIGHTBAY_STALL_DETECTION", "off")]).expect("off");
+        assert_eq!(own.stall_detection, None);
+        let own = parsed(&[("weightbay_stall_factor", "8")], &[]).expect("factor");
+        assert_eq!(own.stall_detection.map(|s| s.factor), Some(8));
+        let error = parsed(&[("weightbay_stall_factor", "0")], &[]).expect_err("factor 0");
+        assert!(
+            error.to_string().contains("weightbay_stall_factor"),
+            "{error}"
+        );
+        let error = parsed(&[("weightbay_fetch_len", "1")], &[]).expect_err("unknown");
+        assert!(error.to_string().contains("weightbay_fetch_len"), "{error}");
     }
 }
