@@ -20,6 +20,17 @@ weightbay is faster):
   it makes to a store on another machine), s3torchconnector's ``S3StorageWriter`` and DCP's
   ``FsspecWriter`` over ``s3fs``, each with the defaults a user gets; then loaded back by the
   system that saved it into a state dict of the same shapes.
+- ``dcp-reshard``: the same state dict, saved by one process (untimed), loaded by two ranks
+  (gloo on 127.0.0.1, each a process of its own) into DTensors sharded along their first
+  dimension: each rank reads half of every tensor. The time is the slower rank's, from a
+  barrier before the load to one after it; CPU and what the phase added are both ranks' sum.
+- ``proxy-load``, ``faults-load``, ``proxy-save``, ``faults-save``: the S3 load and the DCP save
+  (loaded back from the server itself, and checked) through a proxy of the fault proxy
+  (``scripts/servers.sh start proxy``, found by ``WEIGHTBAY_FAULT_PROXY``) in front of the same
+  server: a clean one (what the proxy itself costs), and one that answers 10% of requests
+  ``503 SlowDown`` and holds 3% of responses after the server has served them. weightbay (its
+  remote-store requests) against s3torchconnector, whose AWS Common Runtime client has stall
+  handling of its own.
 
 Every run lands or touches every byte (a memory-mapped load has every page of every tensor
 read), and what each run loaded is checked against the others by a CRC-32 of every tensor,
@@ -45,6 +56,7 @@ import json
 import os
 import resource
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -81,8 +93,8 @@ curl."""
 
 ROWS: dict[str, list[str]] = {
     "s3-load": [
+        RANGED,
         "weightbay",
-        "weightbay, 16 MiB requests",
         "runai",
         "s3torchconnector",
         "fsspec",
@@ -90,19 +102,43 @@ ROWS: dict[str, list[str]] = {
         PARALLEL_LIMIT,
     ],
     "local-load": ["weightbay", "runai", "fastsafetensors", "safetensors", "limit: cat"],
-    "dcp": ["weightbay", RANGED, "s3torchconnector", "fsspec"],
+    "dcp": [RANGED, "weightbay", "s3torchconnector", "fsspec"],
+    "dcp-reshard": [RANGED, "s3torchconnector", "fsspec"],
+    "proxy-load": [RANGED, "s3torchconnector"],
+    "faults-load": [RANGED, "s3torchconnector"],
+    "proxy-save": [RANGED, "s3torchconnector"],
+    "faults-save": [RANGED, "s3torchconnector"],
 }
+"""Each row's systems; the first is what the others are divided by."""
+
+RESHARD_WORLD = 2
+"""The ranks the resharded load runs on; the checkpoint was saved by one."""
+
+FAULTS = {"status_share": 0.10, "status": 503, "hold_share": 0.03, "max_stall_s": 60, "seed": 7}
+"""10% of requests answered 503 SlowDown, 3% served and then held (nothing sent until the client
+hangs up, or for at most 60 s, so a client that never gives up still ends)."""
+
+PROXIED: dict[str, tuple[str, dict[str, Any]]] = {
+    "proxy-load": ("s3-load", {}),
+    "faults-load": ("s3-load", FAULTS),
+    "proxy-save": ("dcp", {}),
+    "faults-save": ("dcp", FAULTS),
+}
+"""Rows run through a proxy of the fault proxy (``scripts/servers.sh start proxy``) in front of
+the server: what they do, and the faults their proxy injects (none: the proxy's own cost)."""
 
 
 def transformer(size_mib: int) -> dict[str, Any]:
-    """bf16 layers of a 1024-wide transformer until `size_mib`, each tensor its own value."""
+    """bf16 layers of a 1024-wide transformer until `size_mib`, each tensor its own values,
+    which vary along it (so a load of the wrong part of a tensor changes the digest)."""
     import torch
 
     tensors, total, layer = {}, 0, 0
     while total < size_mib << 20:
         for index, (name, shape) in enumerate(LAYER_SHAPES.items()):
-            value = float(layer * len(LAYER_SHAPES) + index)
-            tensors[f"layers.{layer}.{name}"] = torch.full(shape, value, dtype=torch.bfloat16)
+            first = float(layer * len(LAYER_SHAPES) + index)
+            values = torch.arange(elements(shape), dtype=torch.float32).remainder_(1021)
+            tensors[f"layers.{layer}.{name}"] = values.add_(first).reshape(shape).bfloat16()
             total += 2 * elements(shape)
         layer += 1
     return tensors
@@ -116,7 +152,7 @@ def state(size_mib: int) -> dict[str, Any]:
     weights = transformer(size_mib * 2 // 10)
     optim = {}
     for key, weight in weights.items():
-        optim[f"{key}.exp_avg"] = torch.full(weight.shape, 0.5, dtype=torch.float32)
+        optim[f"{key}.exp_avg"] = weight.to(torch.float32).mul_(0.5)
         optim[f"{key}.exp_avg_sq"] = weight.to(torch.float32)
     return {"model": weights, "optim": optim}
 
@@ -129,6 +165,39 @@ def flattened(tensors: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def sharded_targets(size_mib: int) -> dict[str, Any]:
+    """What a rank of the resharded load loads into: the state dict's tensors as empty DTensors
+    over all ranks (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), sharded along
+    their first dimension. The full state is never made: its shapes come from a meta-device
+    copy."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import empty as empty_dtensor
+
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    with torch.device("meta"):
+        shapes = state(size_mib)
+    return {
+        group: {
+            name: empty_dtensor(
+                tuple(value.shape), dtype=value.dtype, device_mesh=mesh, placements=[Shard(0)]
+            )
+            for name, value in tensors.items()
+        }
+        for group, tensors in shapes.items()
+    }
+
+
+def local(value: Any) -> Any:
+    """A DTensor's shard on this rank; any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return value.to_local() if isinstance(value, DTensor) else value
 
 
 def touched(tensors: dict[str, Any]) -> None:
@@ -296,7 +365,9 @@ def child(row: str, system: str, argument: str, size_mib: int) -> dict[str, Any]
 
     warnings.filterwarnings("ignore")
     prepared: dict[str, Any] = {}
-    if row.startswith("dcp-"):
+    if row == "dcp-reshard":
+        prepared = sharded_targets(size_mib)
+    elif row.startswith("dcp-"):
         prepared = state(size_mib)
         if row == "dcp-load":
             prepared = {
@@ -312,15 +383,22 @@ def child(row: str, system: str, argument: str, size_mib: int) -> dict[str, Any]
             dcp_save(system, prepared, argument)
         else:
             dcp_load(system, prepared, argument)
-        return flattened(prepared)
+        return {name: local(value) for name, value in flattened(prepared).items()}
 
     # The phase's own peak: the high-water mark reset to the current RSS just before it starts.
     Path("/proc/self/clear_refs").write_text("5\n")
     rss_before = status_kib("VmRSS")
+    ranks = row == "dcp-reshard"
+    if ranks:
+        import torch.distributed as dist
+
+        dist.barrier()
     cpu = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     tensors = run()
     touched(tensors)
+    if ranks:
+        dist.barrier()
     seconds = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF)
     used = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
@@ -367,25 +445,76 @@ def limit(row: str, system: str, path: Path) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - start, "cpu": None, "digest": None}
 
 
-def timed(row: str, system: str, argument: str, size_mib: int) -> dict[str, Any]:
-    """Runs `child` in a process of its own."""
+def child_env(system: str, via: str | None) -> dict[str, str]:
+    """The environment of a child process of `system`, talking to the endpoint `via` if given,
+    else to the server."""
     # Run:ai's client reads the endpoint from AWS_ENDPOINT_URL and addresses buckets by host
     # name unless told otherwise; the AWS tools' variable, set for every system alike.
-    env = dict(os.environ, AWS_ENDPOINT_URL=endpoint(), AWS_EC2_METADATA_DISABLED="true")
+    target = via or endpoint()
+    env = dict(
+        os.environ,
+        AWS_ENDPOINT=target,
+        AWS_ENDPOINT_URL=target,
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     env["RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING"] = "0"
     env.update(CHECKSUMS_WHEN_REQUIRED)
     if system == RANGED:
         env["WEIGHTBAY_FETCH_REQUEST_LEN"] = str(16 << 20)
+    return env
+
+
+def timed(
+    row: str, system: str, argument: str, size_mib: int, via: str | None = None
+) -> dict[str, Any]:
+    """Runs `child` in a process of its own, talking to the endpoint `via` if given."""
     out = subprocess.run(
         [sys.executable, __file__, "--child", row, system, argument, str(size_mib)],
         stdout=subprocess.PIPE,
         text=True,
-        env=env,
+        env=child_env(system, via),
     )
     if out.returncode != 0:
         return {"error": f"exit {out.returncode}"}
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def timed_ranks(system: str, location: str, size_mib: int) -> dict[str, Any]:
+    """Runs the resharded load of `location` on `RESHARD_WORLD` ranks, each a process of its
+    own: the slower rank's seconds, both ranks' CPU seconds and added RSS, the larger peak, and
+    their digests in rank order."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, __file__, "--child", "dcp-reshard", system, location, str(size_mib)]
+    ranks = [
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=dict(
+                child_env(system, None),
+                RANK=str(rank),
+                WORLD_SIZE=str(RESHARD_WORLD),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            ),
+        )
+        for rank in range(RESHARD_WORLD)
+    ]
+    outputs = [process.communicate()[0] for process in ranks]
+    failed = [f"rank {r}: exit {p.returncode}" for r, p in enumerate(ranks) if p.returncode]
+    if failed:
+        return {"error": ", ".join(failed)}
+    results = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    return {
+        "seconds": max(r["seconds"] for r in results),
+        "cpu": sum(r["cpu"] for r in results),
+        "peak_mib": max(r["peak_mib"] for r in results),
+        "added_mib": sum(r["added_mib"] for r in results),
+        "digest": "+".join(r["digest"] for r in results),
+    }
 
 
 def settled(drop: bool) -> None:
@@ -430,18 +559,19 @@ def report(
     runs: dict[str, list[dict[str, Any]]],
     also: dict[str, list[dict[str, Any]]] | None = None,
 ) -> list[str]:
-    """Markdown lines of a row's table; raises if two of its runs (or of `also`'s) hold
-    different bytes."""
-    own = [r["seconds"] for r in runs["weightbay"] if "seconds" in r]
+    """Markdown lines of a row's table, each system's median divided by the first's; raises if
+    two of its runs (or of `also`'s) hold different bytes."""
+    own = [r["seconds"] for r in next(iter(runs.values())) if "seconds" in r]
     ours = statistics.median(own) if own else float("nan")
     everything = [*runs.values(), *(also or {}).values()]
     digests = {r["digest"] for rs in everything for r in rs if r.get("digest")}
     if len(digests) != 1:
         raise SystemExit(f"{row}: systems loaded different bytes (or none): {sorted(digests)}")
-    gib = int(digests.pop().split("/")[1]) / (1 << 30)
+    # A digest per rank, joined by "+", each "crc/bytes".
+    gib = sum(int(part.split("/")[1]) for part in digests.pop().split("+")) / (1 << 30)
     lines = [
         f"\n{row} ({gib:.2f} GiB)\n",
-        "| system | runs (s) | median (s) | median / weightbay's | CPU s per GiB"
+        "| system | runs (s) | median (s) | median / the first's | CPU s per GiB"
         " | peak RSS (MiB) | of which the phase added (MiB) |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -463,6 +593,20 @@ def report(
     return lines
 
 
+def control(method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Asks the fault proxy's control port (``WEIGHTBAY_FAULT_PROXY``)."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        os.environ["WEIGHTBAY_FAULT_PROXY"] + path,
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+    )
+    with urllib.request.urlopen(request) as answer:
+        result: dict[str, Any] = json.loads(answer.read())
+        return result
+
+
 def main() -> None:
     os.environ.update(CHECKSUMS_WHEN_REQUIRED)
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
@@ -477,6 +621,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = args.only or list(ROWS)
     base = Path(tempfile.mkdtemp(dir=args.dir, prefix="weightbay-peers-"))
+    proxies: dict[str, str] = {}
     try:
         import safetensors.torch
 
@@ -484,38 +629,63 @@ def main() -> None:
         model = transformer(args.size_mib)
         safetensors.torch.save_file(model, path)
         del model
-        if "s3-load" in rows:
+        kinds = {row: PROXIED.get(row, (row, {}))[0] for row in rows}
+        if "s3-load" in kinds.values():
             uploaded(path)
+        for row in rows:
+            if row in PROXIED:
+                made = control(
+                    "POST", "/proxies", {"upstream": endpoint(), "faults": PROXIED[row][1]}
+                )
+                proxies[row] = f"http://127.0.0.1:{made['port']}"
         results: dict[str, dict[str, list[dict[str, Any]]]] = {
             row: {system: [] for system in ROWS[row]} for row in rows
         }
-        loads: dict[str, list[dict[str, Any]]] = {system: [] for system in ROWS["dcp"]}
+        loads: dict[str, dict[str, list[dict[str, Any]]]] = {
+            row: {system: [] for system in ROWS[row]} for row in rows
+        }
         for round in range(args.runs):
             for row in rows:
+                via = proxies.get(row)
                 for system in rotated(ROWS[row], round):
                     settled(drop=row == "local-load")
                     if system.startswith("limit"):
                         result = limit(row, system, path)
-                    elif row == "dcp":
+                    elif row == "dcp-reshard":
                         location = dcp_location(system, round)
-                        result = timed("dcp-save", system, location, args.size_mib)
+                        saved = timed("dcp-save", system, location, args.size_mib)
+                        result = (
+                            timed_ranks(system, location, args.size_mib)
+                            if "error" not in saved
+                            else saved
+                        )
+                        removed(dcp_prefix(system))
+                    elif kinds[row] == "dcp":
+                        location = dcp_location(system, round)
+                        result = timed("dcp-save", system, location, args.size_mib, via)
                         if "error" not in result:
+                            # Loaded back from the server itself: what the save left there.
                             loaded = timed("dcp-load", system, location, args.size_mib)
-                            loads[system].append(loaded)
+                            loads[row][system].append(loaded)
                         removed(dcp_prefix(system))
                     else:
-                        result = timed(row, system, str(path), args.size_mib)
+                        result = timed(kinds[row], system, str(path), args.size_mib, via)
                     results[row][system].append(result)
                     print(f"{row} round {round} {system}: {result}", file=sys.stderr)
         print(f"\n{args.size_mib} MiB, {args.runs} rounds; server {endpoint()}")
         for row in rows:
-            if row == "dcp":
-                print("\n".join(report("dcp save", results[row])))
+            if row in proxies:
+                counts = control("GET", f"/proxies/{proxies[row].rsplit(':', 1)[1]}")
+                print(f"\n{row}: through a proxy with {PROXIED[row][1]}; it counted {counts}")
+            if kinds[row] == "dcp":
+                print("\n".join(report(f"{row}: save", results[row])))
                 # A load must give back what its save held: one digest over both tables.
-                print("\n".join(report("dcp load", loads, also=results[row])))
+                print("\n".join(report(f"{row}: load", loads[row], also=results[row])))
             else:
                 print("\n".join(report(row, results[row])))
     finally:
+        for url in proxies.values():
+            control("DELETE", f"/proxies/{url.rsplit(':', 1)[1]}")
         shutil.rmtree(base, ignore_errors=True)
 
 
