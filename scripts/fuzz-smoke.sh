@@ -44,6 +44,7 @@ run() {
 
 run reader reader -dict=fuzz/dict/reader.dict
 run roundtrip roundtrip
+run codec codec
 backends=(memory local mmap object-memory object-local)
 if [ -n "${WEIGHTBAY_S3_URL:-}" ]; then backends+=(s3); fi
 for backend in "${backends[@]}"; do

@@ -194,22 +194,47 @@ impl Checkpoint {
             })?;
             let pieces = self.record.pieces.iter().flat_map(|p| &p.list);
             for piece in pieces.filter(|p| p.key == *relative) {
-                let range = piece.offset..piece.offset.saturating_add(piece.len);
+                // An encoded piece's stored bytes have a CRC32C of their own; what they decode
+                // to is checked with the whole container below.
+                let expected = piece.encoding.as_ref().map_or(piece.crc32c, |e| e.crc32c);
+                let range = piece.offset..piece.offset.saturating_add(piece.stored_len());
                 let crc = read_in_order(source.as_ref(), range, |_| Ok(()))
                     .map_err(|e| e.with_key(&key))?;
-                if crc != piece.crc32c {
+                if crc != expected {
                     let tensor = piece.tensor.as_deref().unwrap_or("the header");
                     return Err(Error::new(
                         ErrorKind::Corrupt,
                         format!(
                             "the piece of `{tensor}` at {} holds CRC32C {crc:08x}, the commit \
-                             record says {:08x}",
-                            piece.offset, piece.crc32c
+                             record says {expected:08x}",
+                            piece.offset
                         ),
                     )
                     .with_key(&key));
                 }
-                bytes += piece.len;
+                bytes += piece.stored_len();
+            }
+        }
+        if let Some(pieces) = self
+            .record
+            .pieces
+            .as_ref()
+            .filter(|p| p.list.iter().any(|piece| piece.encoding.is_some()))
+        {
+            // Every encoded piece decoded: the container they make up has its recorded CRC32C.
+            let spliced = Spliced::open(self.storage.as_ref(), &self.prefix, pieces)?;
+            let crc = read_in_order(&spliced, 0..pieces.len, |_| Ok(()))
+                .map_err(|e| e.with_key(&self.dir))?;
+            if crc != pieces.crc32c {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "the pieces decode to a container with CRC32C {crc:08x}, the commit \
+                         record says {:08x}",
+                        pieces.crc32c
+                    ),
+                )
+                .with_key(&self.dir));
             }
         }
         Ok(CheckpointReport {

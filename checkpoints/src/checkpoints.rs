@@ -9,7 +9,9 @@ use weightbay::{Error, ErrorKind, Result, Storage};
 
 use crate::in_flight::Saves;
 use crate::layout;
-use crate::record::{CommitRecord, PIECES_RECORD_VERSION, RECORD_VERSION, read_json};
+use crate::record::{
+    CommitRecord, ENCODED_RECORD_VERSION, PIECES_RECORD_VERSION, RECORD_VERSION, read_json,
+};
 
 /// How long gc keeps what a save announced (what it writes, and what it may refer to), unless
 /// told otherwise ([`Checkpoints::with_reference_lease`]). An incremental save or a copy must
@@ -76,13 +78,17 @@ impl Checkpoints {
     pub(crate) fn read_record(&self, step: u64) -> Result<CommitRecord> {
         let key = layout::record_key(&self.step_dir(step));
         let record: CommitRecord = read_json(self.storage.as_ref(), &key, "commit record")?;
-        let known = [RECORD_VERSION, PIECES_RECORD_VERSION];
+        let known = [
+            RECORD_VERSION,
+            PIECES_RECORD_VERSION,
+            ENCODED_RECORD_VERSION,
+        ];
         if !known.contains(&record.weightbay_checkpoint) || record.step != step {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
                     "commit record of version {} for step {}, expected version {RECORD_VERSION} \
-                     or {PIECES_RECORD_VERSION} for step {step}",
+                     to {ENCODED_RECORD_VERSION} for step {step}",
                     record.weightbay_checkpoint, record.step
                 ),
             )

@@ -14,8 +14,8 @@ use crate::following::{Head, Heads};
 use crate::layout::{self, manifest_key};
 use crate::ranks::{RankOutcome, check_same};
 use crate::record::{
-    CommitRecord, ContainerRecord, PieceRecord, Pieces, RankManifest, encode, now_unix_ms,
-    read_json,
+    CommitRecord, ContainerRecord, PIECES_RECORD_VERSION, PieceRecord, Pieces, RankManifest,
+    encode, now_unix_ms, read_json,
 };
 use crate::spliced::Spliced;
 
@@ -125,9 +125,11 @@ impl Checkpoints {
             .list
             .iter()
             .map(|piece| {
+                // The copy is the container itself: every piece raw.
                 let moved = PieceRecord {
                     key: stored.clone(),
                     offset: at,
+                    encoding: None,
                     ..piece.clone()
                 };
                 at += piece.len;
@@ -135,6 +137,7 @@ impl Checkpoints {
             })
             .collect();
         let mut record = checkpoint.record.clone();
+        record.weightbay_checkpoint = PIECES_RECORD_VERSION;
         record.containers = vec![whole];
         record.pieces = Some(Pieces {
             increment: 0,

@@ -8,13 +8,15 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 use weightbay::checksum::{crc32c, crc32c_append, crc32c_combine};
+use weightbay::codec::{Codec, MAX_ENCODED_LOGICAL_LEN, MAX_PLANE_WIDTH, encode_planes};
 use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Sink, StorageExt, Writer};
 
 use crate::checkpoints::Checkpoints;
 use crate::content::{Cut, DEFAULT_CHUNK_LEN, cut, hash_all, hex, xxh3_128};
 use crate::layout;
 use crate::record::{
-    ANNOUNCEMENT_VERSION, Announcement, CommitRecord, PieceRecord, Pieces, encode, now_unix_ms,
+    ANNOUNCEMENT_VERSION, Announcement, CommitRecord, Encoding, PieceRecord, Pieces, encode,
+    now_unix_ms,
 };
 
 /// What an incremental save compares against, and how it cuts tensors.
@@ -33,6 +35,9 @@ pub struct Incremental {
     pub unchanged: BTreeSet<String>,
     /// Hash the tensors declared unchanged all the same, and fail the save if one differs.
     pub check_unchanged: bool,
+    /// Store each written piece encoded ([`Codec::Planes`], by its tensor's element width)
+    /// where that makes it smaller.
+    pub compress: bool,
 }
 
 impl Default for Incremental {
@@ -43,6 +48,7 @@ impl Default for Incremental {
             rebase_after: None,
             unchanged: BTreeSet::new(),
             check_unchanged: false,
+            compress: false,
         }
     }
 }
@@ -340,6 +346,9 @@ pub(crate) struct DeltaSink<'a> {
     cuts: Vec<Cut>,
     decisions: Vec<Decision>,
     names: Vec<String>,
+    /// For a save that compresses, each tensor's element width, the planes its pieces are
+    /// encoded by.
+    widths: Option<Vec<usize>>,
     base: BaseIndex<'a>,
     next: usize,
     position: u64,
@@ -352,11 +361,14 @@ pub(crate) struct DeltaSink<'a> {
 }
 
 impl<'a> DeltaSink<'a> {
+    /// A sink storing into `inner` what `plan` decided; `widths` (each tensor's element
+    /// width) when the pieces it writes are to be encoded.
     pub(crate) fn new(
         inner: Box<dyn Sink>,
         stored_key: String,
         plan: Plan<'a>,
         names: Vec<String>,
+        widths: Option<Vec<usize>>,
     ) -> Self {
         Self {
             inner,
@@ -364,6 +376,7 @@ impl<'a> DeltaSink<'a> {
             cuts: plan.cuts,
             decisions: plan.decisions,
             names,
+            widths,
             base: plan.base,
             next: 0,
             position: 0,
@@ -405,33 +418,63 @@ impl<'a> DeltaSink<'a> {
         let tensor = self.tensor(&piece);
         let record = match std::mem::replace(&mut self.decisions[self.next], Decision::Decide) {
             Decision::Reuse(base) => PieceRecord { tensor, ..base },
-            Decision::Write(hash) => self.written_piece(len, hash, tensor),
+            Decision::Write(hash) if self.widths.is_none() => {
+                self.written_piece(len, hash, tensor, None)
+            }
+            Decision::Write(hash) => self.store(&piece, hash, tensor)?,
             Decision::Decide => {
-                let buffer = std::mem::take(&mut self.buffer);
-                let hash = xxh3_128(&buffer);
-                let record = match self.base.find(&piece.range, &hex(hash)) {
+                let hash = xxh3_128(&self.buffer);
+                match self.base.find(&piece.range, &hex(hash)) {
                     Some(base) => PieceRecord {
                         tensor,
                         ..base.clone()
                     },
-                    None => {
-                        self.inner.write(&buffer)?;
-                        self.crc = crc32c(&buffer);
-                        self.written_piece(len, hash, tensor)
-                    }
-                };
-                self.buffer = buffer;
-                self.buffer.clear();
-                record
+                    None => self.store(&piece, hash, tensor)?,
+                }
             }
         };
+        self.buffer.clear();
         self.pieces.push(record);
         self.crc = 0;
         self.next += 1;
         Ok(())
     }
 
-    fn written_piece(&mut self, len: u64, hash: u128, tensor: Option<String>) -> PieceRecord {
+    /// Writes the buffered piece `piece`, encoded when this save compresses and that makes
+    /// it smaller.
+    fn store(&mut self, piece: &Cut, hash: u128, tensor: Option<String>) -> Result<PieceRecord> {
+        let len = self.buffer.len() as u64;
+        self.crc = crc32c(&self.buffer);
+        let width = match (&self.widths, &piece.tensor) {
+            (Some(widths), Some((index, _))) => Some(widths[*index]),
+            (Some(_), None) => Some(1),
+            (None, _) => None,
+        };
+        let frame = width
+            .filter(|_| len <= MAX_ENCODED_LOGICAL_LEN)
+            .and_then(|width| encode_planes(&self.buffer, width));
+        let Some(frame) = frame else {
+            self.inner.write(&self.buffer)?;
+            return Ok(self.written_piece(len, hash, tensor, None));
+        };
+        self.inner.write(&frame)?;
+        let encoding = Encoding {
+            codec: Codec::Planes.name().to_owned(),
+            len: frame.len() as u64,
+            crc32c: crc32c(&frame),
+        };
+        Ok(self.written_piece(len, hash, tensor, Some(encoding)))
+    }
+
+    /// The record of a piece of `len` bytes just written, at [`written`](Self::written).
+    fn written_piece(
+        &mut self,
+        len: u64,
+        hash: u128,
+        tensor: Option<String>,
+        encoding: Option<Encoding>,
+    ) -> PieceRecord {
+        let stored = encoding.as_ref().map_or(len, |e| e.len);
         let record = PieceRecord {
             len,
             key: self.stored_key.clone(),
@@ -439,10 +482,21 @@ impl<'a> DeltaSink<'a> {
             crc32c: self.crc,
             xxh3: hex(hash),
             tensor,
+            encoding,
         };
-        self.written += len;
+        self.written += stored;
         record
     }
+}
+
+/// The element width a tensor of `dtype` is encoded by: its element size where planes of it
+/// exist, else 1 (packed and quantized bytes).
+pub(crate) fn plane_width(dtype: &weightbay::DType) -> usize {
+    dtype
+        .element_size()
+        .and_then(|size| usize::try_from(size).ok())
+        .filter(|size| (1..=MAX_PLANE_WIDTH).contains(size))
+        .unwrap_or(1)
 }
 
 // Every method named: padding goes through `write`, which decides piece by piece what is
@@ -474,11 +528,12 @@ impl Sink for DeltaSink<'_> {
             let (now, rest) = data.split_at(n);
             match &self.decisions[self.next] {
                 Decision::Reuse(_) => {}
-                Decision::Write(_) => {
+                // Streamed through unless it is to be encoded, which takes the whole piece.
+                Decision::Write(_) if self.widths.is_none() => {
                     self.inner.write(now)?;
                     self.crc = crc32c_append(self.crc, now);
                 }
-                Decision::Decide => self.buffer.extend_from_slice(now),
+                Decision::Write(_) | Decision::Decide => self.buffer.extend_from_slice(now),
             }
             self.position += n as u64;
             data = rest;

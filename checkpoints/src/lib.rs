@@ -86,6 +86,7 @@ mod checkpoint;
 mod checkpoints;
 mod content;
 mod copy;
+mod decoded;
 mod export;
 mod following;
 mod in_flight;
@@ -117,8 +118,8 @@ pub use listing::{RankProgress, StepState, StepStatus};
 pub use promotion::{Promotion, PromotionState};
 pub use ranks::{FAILURE_RECORD_TIMEOUT, RankOutcome, RankSave, Rendezvous};
 pub use record::{
-    CommitRecord, ContainerRecord, LogicalTensor, PieceRecord, Pieces, RankFailure, RankManifest,
-    RankTensor, Region, SliceRecord,
+    CommitRecord, ContainerRecord, Encoding, LogicalTensor, PieceRecord, Pieces, RankFailure,
+    RankManifest, RankTensor, Region, SliceRecord,
 };
 pub use retention::{GcReport, PerTier, Retention};
 pub use save::SaveOptions;

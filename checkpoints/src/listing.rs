@@ -378,7 +378,7 @@ fn check_present(prefix: &str, record: &CommitRecord, lengths: &BTreeMap<&str, u
     }
     for piece in record.pieces.iter().flat_map(|p| &p.list) {
         let key = layout::under(prefix, &piece.key);
-        let end = piece.offset.saturating_add(piece.len);
+        let end = piece.offset.saturating_add(piece.stored_len());
         let what = piece
             .tensor
             .as_deref()

@@ -15,6 +15,10 @@ pub(crate) const RECORD_VERSION: u32 = 1;
 /// The version of the commit record's layout this code writes for a checkpoint with
 /// [`Pieces`] (an incremental save, or a full one that records content hashes), and reads.
 pub(crate) const PIECES_RECORD_VERSION: u32 = 2;
+/// The version of the commit record's layout this code writes for a checkpoint some of whose
+/// pieces are stored encoded ([`Encoding`]), and reads: a reader of version 2 would take the
+/// stored bytes for the piece's, so it must refuse the record instead.
+pub(crate) const ENCODED_RECORD_VERSION: u32 = 3;
 /// The version of a save's announcement of the containers it will refer to.
 pub(crate) const ANNOUNCEMENT_VERSION: u32 = 1;
 /// The version of the rank manifest's layout this code writes and reads.
@@ -74,7 +78,7 @@ impl CommitRecord {
         let mut references = BTreeMap::new();
         for piece in self.pieces.iter().flat_map(|p| &p.list) {
             if !piece.key.starts_with(&own) {
-                *references.entry(piece.key.clone()).or_default() += piece.len;
+                *references.entry(piece.key.clone()).or_default() += piece.stored_len();
             }
         }
         references
@@ -147,6 +151,30 @@ pub struct PieceRecord {
     /// The tensor it is a chunk of; none for the header and the trailer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensor: Option<String>,
+    /// How its stored bytes encode it (record version 3); none when they are its bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<Encoding>,
+}
+
+impl PieceRecord {
+    /// How many bytes of its stored container it takes.
+    pub fn stored_len(&self) -> u64 {
+        self.encoding.as_ref().map_or(self.len, |e| e.len)
+    }
+}
+
+/// How a piece is stored encoded: its stored bytes are a frame of
+/// [`codec`](weightbay::codec::Codec) that decodes to the piece's [`len`](PieceRecord::len)
+/// bytes, whose CRC32C and hash stay the piece's own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Encoding {
+    /// The codec's name (`planes`).
+    pub codec: String,
+    /// The stored bytes' length.
+    pub len: u64,
+    /// The stored bytes' CRC32C, checked before they are decoded.
+    pub crc32c: u32,
 }
 
 /// What a save about to refer to earlier checkpoints' containers announces first, so a gc

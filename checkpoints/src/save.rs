@@ -13,11 +13,11 @@ use weightbay::{
 
 use crate::checkpoints::Checkpoints;
 use crate::following::Followed;
-use crate::incremental::{Base, DeltaSink, Incremental, combined_crc, plan};
+use crate::incremental::{Base, DeltaSink, Incremental, combined_crc, plan, plane_width};
 use crate::layout;
 use crate::record::{
-    CommitRecord, ContainerRecord, PIECES_RECORD_VERSION, Pieces, RECORD_VERSION, encode,
-    now_unix_ms,
+    CommitRecord, ContainerRecord, ENCODED_RECORD_VERSION, PIECES_RECORD_VERSION, Pieces,
+    RECORD_VERSION, encode, now_unix_ms,
 };
 use crate::recording::Recording;
 
@@ -127,6 +127,39 @@ impl SaveOptions {
     #[must_use]
     pub fn check_unchanged(mut self) -> Self {
         self.incremental_mut().check_unchanged = true;
+        self
+    }
+
+    /// A save whose stored pieces are encoded where that makes them smaller: each tensor's
+    /// chunks split into byte planes by its element width, each plane Huffman coded where
+    /// that saves (docs/FORMAT.md, "Encoded pieces"). It is an incremental save, so it
+    /// composes with every setting above; a reader decodes each piece on the thread that
+    /// fetched it, and a piece's CRC32C and hash stay those of its bytes. Memory maps hand out
+    /// the stored bytes of raw pieces only: an encoded one is decoded into memory.
+    ///
+    /// ```
+    /// use weightbay_checkpoints::{Checkpoints, SaveOptions};
+    /// use weightbay::{MemoryStorage, Tensor, Writer};
+    ///
+    /// let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    /// // Values like trained weights: small, their exponents few.
+    /// let values: Vec<f32> = (0..1 << 16).map(|i| ((i * 7919) % 2001) as f32 * 1e-5 - 0.01).collect();
+    /// let writer = Writer::new(vec![Tensor::from_slice("w", [1 << 16], &values)]);
+    /// checkpoints.save_with(1, writer, SaveOptions::compressed())?;
+    /// let saved = checkpoints.latest()?.expect("saved");
+    /// assert!(saved.written_bytes() < 4 << 16);
+    /// assert_eq!(saved.reader()?.read_as::<f32>("w")?, values);
+    /// # Ok::<(), weightbay::Error>(())
+    /// ```
+    #[must_use]
+    pub fn compressed() -> Self {
+        Self::default().with_compression()
+    }
+
+    /// Makes this save [`compressed`](Self::compressed) (and incremental).
+    #[must_use]
+    pub fn with_compression(mut self) -> Self {
+        self.incremental_mut().compress = true;
         self
     }
 
@@ -248,10 +281,12 @@ impl Checkpoints {
         let step_dir = self.step_dir(step);
         let relative = |key: &str| key.strip_prefix(&format!("{step_dir}/")).map(str::to_owned);
         let record = CommitRecord {
-            weightbay_checkpoint: if pieces.is_some() {
-                PIECES_RECORD_VERSION
-            } else {
-                RECORD_VERSION
+            weightbay_checkpoint: match &pieces {
+                Some(pieces) if pieces.list.iter().any(|p| p.encoding.is_some()) => {
+                    ENCODED_RECORD_VERSION
+                }
+                Some(_) => PIECES_RECORD_VERSION,
+                None => RECORD_VERSION,
             },
             step,
             time_unix_ms: now_unix_ms(),
@@ -300,8 +335,9 @@ impl Checkpoints {
     }
 
     /// Streams `writer`'s container through a [`DeltaSink`]: only the pieces the announced
-    /// base does not hold are stored (in `delta.bin`, or the whole container as
-    /// `model.<format>` when there is no base). Returns the base and the pieces.
+    /// base does not hold are stored (in `delta.bin`, or when there is no base the whole
+    /// container as `model.<format>`, or its pieces encoded as `pieces.bin`). Returns the
+    /// base and the pieces.
     fn write_pieces(
         &self,
         step: u64,
@@ -320,14 +356,17 @@ impl Checkpoints {
         for (index, crc) in std::mem::take(&mut plan.known_crcs) {
             writer = writer.with_known_crc32c(index, crc);
         }
-        let key = match base_pieces {
-            Some(_) => format!("{save_dir}/delta.bin"),
-            None => format!("{save_dir}/{name}"),
+        // Without a base and uncompressed, the stored container is the container itself;
+        // otherwise its pieces back to back, no container of their own.
+        let key = match (base_pieces, incremental.compress) {
+            (None, false) => format!("{save_dir}/{name}"),
+            (None, true) => format!("{save_dir}/pieces.bin"),
+            (Some(_), _) => format!("{save_dir}/delta.bin"),
         };
         let mut create = CreateOptions::default()
             .with_mode(WriteMode::Overwrite)
             .with_durability(writer.durability());
-        if base_pieces.is_none() {
+        if base_pieces.is_none() && !incremental.compress {
             create = create.with_expected_len(len);
         }
         create.deadline = deadline;
@@ -339,8 +378,15 @@ impl Checkpoints {
             .iter()
             .map(|t| t.name().to_owned())
             .collect();
+        let widths = incremental.compress.then(|| {
+            writer
+                .tensors()
+                .iter()
+                .map(|t| plane_width(t.dtype()))
+                .collect()
+        });
         let stored_key = layout::relative(&self.prefix, &key).to_owned();
-        let mut sink = DeltaSink::new(inner, stored_key, plan, names);
+        let mut sink = DeltaSink::new(inner, stored_key, plan, names, widths);
         writer
             .write_to_sink(&mut sink)
             .map_err(|e| e.with_operation("write").with_key(&key))?;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use weightbay::backend_kit::{check_jobs, check_ranges};
 use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Source, Storage};
 
+use crate::decoded::Decoded;
 use crate::record::Pieces;
 
 /// A container whose bytes are pieces of stored containers.
@@ -18,7 +19,8 @@ pub(crate) struct Spliced {
     /// Runs of consecutive pieces lying back to back in one stored container, in container
     /// order.
     spans: Vec<Span>,
-    /// The stored containers, each opened once.
+    /// The stored containers, each opened once, and the decoded view of each one's encoded
+    /// pieces.
     stored: Vec<(String, Arc<dyn Source>)>,
 }
 
@@ -50,7 +52,11 @@ impl Spliced {
     /// [`ErrorKind::Corrupt`] naming the tensor and the key when a container it refers to is
     /// gone or too short (never wrong bytes); the storage's errors.
     pub(crate) fn open(storage: &dyn Storage, prefix: &str, pieces: &Pieces) -> Result<Self> {
-        let mut index: BTreeMap<&str, usize> = BTreeMap::new();
+        // Each stored container opened once: its slot in `stored` for raw pieces, and the
+        // decoded view of its encoded pieces, built here and put in its slot at the end.
+        let mut opened: BTreeMap<&str, Arc<dyn Source>> = BTreeMap::new();
+        let mut raw: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut views: BTreeMap<&str, (usize, Decoded)> = BTreeMap::new();
         let mut stored: Vec<(String, Arc<dyn Source>)> = Vec::new();
         let mut spans: Vec<Span> = Vec::new();
         let mut at = 0u64;
@@ -64,8 +70,8 @@ impl Spliced {
                 .tensor
                 .as_deref()
                 .map_or_else(|| "the header".to_owned(), |t| format!("tensor `{t}`"));
-            let slot = match index.get(piece.key.as_str()) {
-                Some(&slot) => slot,
+            let source = match opened.get(piece.key.as_str()) {
+                Some(source) => source.clone(),
                 None => {
                     let source = storage.open(&key).map_err(|e| {
                         if e.kind() == ErrorKind::NotFound {
@@ -82,40 +88,58 @@ impl Spliced {
                             e.with_key(&key)
                         }
                     })?;
-                    stored.push((key.clone(), source));
-                    index.insert(&piece.key, stored.len() - 1);
-                    stored.len() - 1
+                    opened.insert(&piece.key, source.clone());
+                    source
                 }
             };
-            let stored_len = stored[slot].1.len();
-            if piece
-                .offset
-                .checked_add(piece.len)
-                .is_none_or(|end| end > stored_len)
-            {
-                return Err(Error::new(
-                    ErrorKind::Corrupt,
-                    format!(
-                        "{what} refers to bytes {}..+{} of a container of {stored_len}",
-                        piece.offset, piece.len
-                    ),
-                )
-                .with_key(&key));
-            }
+            let (slot, offset) = match &piece.encoding {
+                Some(encoding) => {
+                    let (slot, view) = views.entry(&piece.key).or_insert_with(|| {
+                        stored.push((key.clone(), source.clone()));
+                        (stored.len() - 1, Decoded::new(key.clone(), source.clone()))
+                    });
+                    (*slot, view.push(piece, encoding)?)
+                }
+                None => {
+                    let slot = *raw.entry(&piece.key).or_insert_with(|| {
+                        stored.push((key.clone(), source.clone()));
+                        stored.len() - 1
+                    });
+                    let stored_len = source.len();
+                    if piece
+                        .offset
+                        .checked_add(piece.len)
+                        .is_none_or(|end| end > stored_len)
+                    {
+                        return Err(Error::new(
+                            ErrorKind::Corrupt,
+                            format!(
+                                "{what} refers to bytes {}..+{} of a container of {stored_len}",
+                                piece.offset, piece.len
+                            ),
+                        )
+                        .with_key(&key));
+                    }
+                    (slot, piece.offset)
+                }
+            };
             match spans.last_mut() {
-                Some(last) if last.stored == slot && last.offset + last.len == piece.offset => {
+                Some(last) if last.stored == slot && last.offset + last.len == offset => {
                     last.len += piece.len;
                 }
                 _ => spans.push(Span {
                     at,
                     len: piece.len,
                     stored: slot,
-                    offset: piece.offset,
+                    offset,
                 }),
             }
             at = at
                 .checked_add(piece.len)
                 .ok_or_else(|| Error::new(ErrorKind::Corrupt, "pieces overflow"))?;
+        }
+        for (_, (slot, view)) in views {
+            stored[slot].1 = Arc::new(view);
         }
         if at != pieces.len {
             return Err(Error::new(

@@ -27,15 +27,17 @@
 //! records, background and multi-rank saves, retention) are the `weightbay-checkpoints` crate,
 //! built over this one.
 //!
-//! Every public item has one path: the crate root for what users save and load with, and three
+//! Every public item has one path: the crate root for what users save and load with, and four
 //! namespaces: [`format`](mod@format) for the containers' constants and hardening limits,
-//! [`checksum`] for CRC32C, and [`backend_kit`] for backend authors.
+//! [`checksum`] for CRC32C, [`codec`] for the encodings a stored piece may have, and
+//! [`backend_kit`] for backend authors.
 
 pub mod backend_kit;
 mod background;
 mod bytes;
 mod capabilities;
 pub mod checksum;
+pub mod codec;
 mod copy;
 mod dtype;
 mod error;

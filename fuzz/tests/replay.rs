@@ -23,6 +23,11 @@ fn reader_seeds() {
 }
 
 #[test]
+fn codec_seeds() {
+    replay("codec", weightbay_fuzz::codec);
+}
+
+#[test]
 fn roundtrip_seeds() {
     replay("roundtrip", weightbay_fuzz::roundtrip);
 }

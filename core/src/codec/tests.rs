@@ -1,0 +1,144 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::ErrorKind;
+
+/// Little-endian elements of values spread like trained weights: small, centred on zero, a
+/// scale per tensor.
+fn weights(seeds: &[u32], scale: f32, width: usize) -> Vec<u8> {
+    seeds
+        .iter()
+        .flat_map(|&s| {
+            // The sum of two uniforms: a triangle around zero, denser near it.
+            let u = |x: u32| (x % 10_007) as f32 / 10_007.0 - 0.5;
+            let v = (u(s) + u(s.rotate_left(13))) * scale;
+            let bits = v.to_bits();
+            match width {
+                2 => ((bits >> 16) as u16).to_le_bytes().to_vec(),
+                4 => bits.to_le_bytes().to_vec(),
+                _ => f64::from(v).to_bits().to_le_bytes()[..width].to_vec(),
+            }
+        })
+        .collect()
+}
+
+fn round_trip(logical: &[u8], width: usize) -> Option<usize> {
+    let stored = encode_planes(logical, width)?;
+    assert!(stored.len() < logical.len());
+    let mut back = vec![0xa5; logical.len()];
+    Codec::Planes.decode(&stored, &mut back).unwrap();
+    assert_eq!(back, logical);
+    Some(stored.len())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn weights_of_every_width_round_trip_bit_exact(
+        seeds in prop::collection::vec(any::<u32>(), 0..3000),
+        scale in 1e-4f32..10.0,
+        width in prop::sample::select(vec![1usize, 2, 4, 8]),
+        cut in 0usize..8,
+    ) {
+        let mut logical = weights(&seeds, scale, width.max(2));
+        // Pieces end anywhere: a tensor's last chunk runs on over padding.
+        logical.truncate(logical.len().saturating_sub(cut));
+        round_trip(&logical, width);
+    }
+
+    #[test]
+    fn any_bytes_round_trip_or_stay_raw(
+        logical in prop::collection::vec(any::<u8>(), 0..5000),
+        width in 1usize..=8,
+    ) {
+        round_trip(&logical, width);
+    }
+
+    #[test]
+    fn a_damaged_frame_is_refused_or_decodes_to_some_bytes_never_a_panic(
+        seeds in prop::collection::vec(any::<u32>(), 64..2000),
+        width in prop::sample::select(vec![1usize, 2, 4]),
+        at in any::<prop::sample::Index>(),
+        bit in 0u8..8,
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let logical = weights(&seeds, 0.05, width.max(2));
+        if let Some(stored) = encode_planes(&logical, width) {
+            let mut back = vec![0; logical.len()];
+            let mut flipped = stored.clone();
+            flipped[at.index(stored.len())] ^= 1 << bit;
+            let _ = Codec::Planes.decode(&flipped, &mut back);
+            let short = &stored[..cut.index(stored.len())];
+            prop_assert_eq!(
+                Codec::Planes.decode(short, &mut back).unwrap_err().kind(),
+                ErrorKind::Corrupt
+            );
+        }
+    }
+}
+
+#[test]
+fn bf16_weights_shrink_by_their_exponent_plane() {
+    let seeds: Vec<u32> = (0..50_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let logical = weights(&seeds, 0.04, 2);
+    let stored = round_trip(&logical, 2).expect("bf16 weights shrink");
+    // The high plane (sign and exponent) codes to a few bits a value; the low plane is raw.
+    assert!(
+        stored * 10 < logical.len() * 8,
+        "{stored} of {}",
+        logical.len()
+    );
+}
+
+#[test]
+fn zeros_and_noise_take_their_cheapest_form() {
+    let zeros = vec![0u8; 1 << 16];
+    assert!(round_trip(&zeros, 4).unwrap() < 64);
+    let noise: Vec<u8> = (0..1u32 << 16)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    assert_eq!(encode_planes(&noise, 1), None);
+}
+
+#[test]
+fn a_frame_longer_or_shorter_than_the_piece_is_refused() {
+    let seeds: Vec<u32> = (0..4000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let logical = weights(&seeds, 0.04, 2);
+    let stored = encode_planes(&logical, 2).unwrap();
+    for len in [logical.len() - 2, logical.len() + 2] {
+        let mut back = vec![0; len];
+        let err = Codec::Planes.decode(&stored, &mut back).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    }
+    let mut trailing = stored;
+    trailing.push(0);
+    let mut back = vec![0; logical.len()];
+    let err = Codec::Planes.decode(&trailing, &mut back).unwrap_err();
+    assert!(err.to_string().contains("ends at byte"), "{err}");
+}
+
+#[test]
+fn a_bomb_cannot_make_the_decoder_write_past_the_limit() {
+    // One repeated-byte plane would claim any length; the caller's buffer and the limit bound
+    // what is written.
+    let frame = [1u8, REPEATED, 1, 0, 0, 0, 0x41];
+    let mut small = vec![0u8; 10];
+    Codec::Planes.decode(&frame, &mut small).unwrap();
+    assert_eq!(small, [0x41; 10]);
+    let mut huge = vec![0u8; MAX_ENCODED_LOGICAL_LEN as usize + 1];
+    let err = Codec::Planes.decode(&frame, &mut huge).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+}
+
+#[test]
+fn an_unknown_codec_is_unsupported_by_name() {
+    let err = Codec::from_name("zstd-9").unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(err.to_string().contains("`zstd-9`"), "{err}");
+    assert_eq!(Codec::from_name("planes").unwrap(), Codec::Planes);
+}
