@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 use weightbay::checksum::{crc32c, crc32c_append, crc32c_combine};
-use weightbay::codec::{Codec, MAX_ENCODED_LOGICAL_LEN, MAX_PLANE_WIDTH, encode_planes};
+use weightbay::codec::{Codec, Elements, MAX_ENCODED_LOGICAL_LEN, encode_planes};
 use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Sink, StorageExt, Writer};
 
 use crate::checkpoints::Checkpoints;
@@ -346,9 +346,8 @@ pub(crate) struct DeltaSink<'a> {
     cuts: Vec<Cut>,
     decisions: Vec<Decision>,
     names: Vec<String>,
-    /// For a save that compresses, each tensor's element width, the planes its pieces are
-    /// encoded by.
-    widths: Option<Vec<usize>>,
+    /// For a save that compresses, each tensor's elements, which its pieces are encoded by.
+    elements: Option<Vec<Elements>>,
     base: BaseIndex<'a>,
     next: usize,
     position: u64,
@@ -361,14 +360,14 @@ pub(crate) struct DeltaSink<'a> {
 }
 
 impl<'a> DeltaSink<'a> {
-    /// A sink storing into `inner` what `plan` decided; `widths` (each tensor's element
-    /// width) when the pieces it writes are to be encoded.
+    /// A sink storing into `inner` what `plan` decided; `elements` (each tensor's) when the
+    /// pieces it writes are to be encoded.
     pub(crate) fn new(
         inner: Box<dyn Sink>,
         stored_key: String,
         plan: Plan<'a>,
         names: Vec<String>,
-        widths: Option<Vec<usize>>,
+        elements: Option<Vec<Elements>>,
     ) -> Self {
         Self {
             inner,
@@ -376,7 +375,7 @@ impl<'a> DeltaSink<'a> {
             cuts: plan.cuts,
             decisions: plan.decisions,
             names,
-            widths,
+            elements,
             base: plan.base,
             next: 0,
             position: 0,
@@ -418,7 +417,7 @@ impl<'a> DeltaSink<'a> {
         let tensor = self.tensor(&piece);
         let record = match std::mem::replace(&mut self.decisions[self.next], Decision::Decide) {
             Decision::Reuse(base) => PieceRecord { tensor, ..base },
-            Decision::Write(hash) if self.widths.is_none() => {
+            Decision::Write(hash) if self.elements.is_none() => {
                 self.written_piece(len, hash, tensor, None)
             }
             Decision::Write(hash) => self.store(&piece, hash, tensor)?,
@@ -445,14 +444,14 @@ impl<'a> DeltaSink<'a> {
     fn store(&mut self, piece: &Cut, hash: u128, tensor: Option<String>) -> Result<PieceRecord> {
         let len = self.buffer.len() as u64;
         self.crc = crc32c(&self.buffer);
-        let width = match (&self.widths, &piece.tensor) {
-            (Some(widths), Some((index, _))) => Some(widths[*index]),
-            (Some(_), None) => Some(1),
+        let elements = match (&self.elements, &piece.tensor) {
+            (Some(elements), Some((index, _))) => Some(elements[*index]),
+            (Some(_), None) => Some(Elements::BYTES),
             (None, _) => None,
         };
-        let frame = width
+        let frame = elements
             .filter(|_| len <= MAX_ENCODED_LOGICAL_LEN)
-            .and_then(|width| encode_planes(&self.buffer, width));
+            .and_then(|elements| encode_planes(&self.buffer, elements));
         let Some(frame) = frame else {
             self.inner.write(&self.buffer)?;
             return Ok(self.written_piece(len, hash, tensor, None));
@@ -489,16 +488,6 @@ impl<'a> DeltaSink<'a> {
     }
 }
 
-/// The element width a tensor of `dtype` is encoded by: its element size where planes of it
-/// exist, else 1 (packed and quantized bytes).
-pub(crate) fn plane_width(dtype: &weightbay::DType) -> usize {
-    dtype
-        .element_size()
-        .and_then(|size| usize::try_from(size).ok())
-        .filter(|size| (1..=MAX_PLANE_WIDTH).contains(size))
-        .unwrap_or(1)
-}
-
 // Every method named: padding goes through `write`, which decides piece by piece what is
 // stored; nothing is read back or written by position, since what is stored is not the
 // container.
@@ -529,7 +518,7 @@ impl Sink for DeltaSink<'_> {
             match &self.decisions[self.next] {
                 Decision::Reuse(_) => {}
                 // Streamed through unless it is to be encoded, which takes the whole piece.
-                Decision::Write(_) if self.widths.is_none() => {
+                Decision::Write(_) if self.elements.is_none() => {
                     self.inner.write(now)?;
                     self.crc = crc32c_append(self.crc, now);
                 }

@@ -7,13 +7,14 @@ use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use weightbay::backend_kit::unique_token;
+use weightbay::codec::Elements;
 use weightbay::{
     CreateOptions, Error, ErrorKind, Result, ShardedWriter, Storage, StorageExt, WriteMode, Writer,
 };
 
 use crate::checkpoints::Checkpoints;
 use crate::following::Followed;
-use crate::incremental::{Base, DeltaSink, Incremental, combined_crc, plan, plane_width};
+use crate::incremental::{Base, DeltaSink, Incremental, combined_crc, plan};
 use crate::layout;
 use crate::record::{
     CommitRecord, ContainerRecord, ENCODED_RECORD_VERSION, PIECES_RECORD_VERSION, Pieces,
@@ -378,15 +379,15 @@ impl Checkpoints {
             .iter()
             .map(|t| t.name().to_owned())
             .collect();
-        let widths = incremental.compress.then(|| {
+        let elements = incremental.compress.then(|| {
             writer
                 .tensors()
                 .iter()
-                .map(|t| plane_width(t.dtype()))
+                .map(|t| Elements::of(t.dtype()))
                 .collect()
         });
         let stored_key = layout::relative(&self.prefix, &key).to_owned();
-        let mut sink = DeltaSink::new(inner, stored_key, plan, names, widths);
+        let mut sink = DeltaSink::new(inner, stored_key, plan, names, elements);
         writer
             .write_to_sink(&mut sink)
             .map_err(|e| e.with_operation("write").with_key(&key))?;

@@ -11,7 +11,7 @@ use weightbay::{
     DType, MemorySource, MemoryStorage, ReadOptions, Reader, Scalar,
     Storage, Tensor, Validation, Writer,
 };
-use weightbay::codec::{Codec, encode_planes};
+use weightbay::codec::{Codec, Elements, encode_planes};
 use weightbay_conformance::model::{KEYS, Model, Op, VERSIONS};
 
 use weightbay_burn::{to_burn_pack_tensor, to_burn_scalar};
@@ -107,16 +107,17 @@ fn scalar(u: &mut Unstructured<'_>) -> arbitrary::Result<Scalar> {
 
 /// Any bytes as an encoded piece: the first two bytes are the logical length it claims (up to
 /// 64 KiB), the rest the frame. Decoding never panics and writes only that length. The same
-/// rest, as a piece's logical bytes, encodes and decodes back bit for bit at the width the
-/// first byte picks.
+/// rest, as a piece's logical bytes, encodes and decodes back bit for bit as elements of the
+/// dtype the first byte picks.
 pub fn codec(input: &[u8]) {
     let Some((claim, frame)) = input.split_first_chunk::<2>() else {
         return;
     };
     let mut into = vec![0u8; usize::from(u16::from_le_bytes(*claim))];
     let _ = Codec::Planes.decode(frame, &mut into);
-    let width = [1, 2, 4, 8, 3][usize::from(claim[0] % 5)];
-    if let Some(stored) = encode_planes(frame, width) {
+    let dtypes = [DType::U8, DType::BF16, DType::I16, DType::F32, DType::I32, DType::F64];
+    let elements = Elements::of(&dtypes[usize::from(claim[0]) % dtypes.len()]);
+    if let Some(stored) = encode_planes(frame, elements) {
         assert!(stored.len() < frame.len(), "an encoded piece is shorter");
         let mut back = vec![0u8; frame.len()];
         Codec::Planes.decode(&stored, &mut back).expect("an encoded piece decodes");

@@ -1,9 +1,11 @@
 //! Canonical Huffman coding of one byte plane, in four streams decoded side by side.
 //!
-//! A section is: the longest code length `L` (1 byte, at most [`MAX_CODE_LEN`]), the 256
-//! symbols' code lengths as 4-bit nibbles (128 bytes, low nibble first, 0 for a symbol that
-//! does not occur), the byte lengths of streams 0, 1 and 2 (u32 LE each; stream 3 takes the
-//! rest), then the four streams. Stream `k` codes the plane's `k`-th quarter (quarters of
+//! A section is: the longest code length `L` (1 byte, at most [`MAX_CODE_LEN`]); the first
+//! symbol with a code and the number of symbols from it on that the table spans, less one (1
+//! byte each); their code lengths as 4-bit nibbles (low nibble first, 0 for a symbol that does
+//! not occur; an exponent plane's few dozen values take a few dozen bytes, not 128); the byte
+//! lengths of streams 0, 1 and 2 (u32 LE each; stream 3 takes the rest); then the four
+//! streams. Stream `k` codes the plane's `k`-th quarter (quarters of
 //! `ceil(n / 4)` symbols, the last one shorter), least significant bit first, each code
 //! bit-reversed so a decoder can look the next `L` bits up in one table of `2^L` entries.
 //!
@@ -20,8 +22,24 @@ pub(super) const MAX_CODE_LEN: u32 = 11;
 /// Entries of a decoding table.
 const TABLE_LEN: usize = 1 << MAX_CODE_LEN;
 
+/// Bytes of a section before its code lengths: the longest length, the first symbol and the
+/// count.
+const LENGTHS_AT: usize = 3;
+
+/// Bytes of the stream lengths after the code lengths.
+const STREAM_LENS_LEN: usize = 3 * 4;
+
+/// The symbols `lengths` gives codes to, first to last.
+fn span(lengths: &[u8; 256]) -> std::ops::Range<usize> {
+    let first = lengths.iter().position(|&l| l > 0).unwrap_or(0);
+    let last = lengths.iter().rposition(|&l| l > 0).unwrap_or(0);
+    first..last.max(first) + 1
+}
+
 /// Bytes of a section before its streams.
-const TABLE_HEADER_LEN: usize = 1 + 128 + 3 * 4;
+fn header_len(span: &std::ops::Range<usize>) -> usize {
+    LENGTHS_AT + span.len().div_ceil(2) + STREAM_LENS_LEN
+}
 
 /// How often each byte occurs in `plane`, counted in four tables so that runs of one byte
 /// do not stall on one counter.
@@ -127,7 +145,7 @@ pub(super) fn section_len(counts: &[u64; 256], lengths: &[u8; 256]) -> u64 {
         .map(|(&c, &l)| c * u64::from(l))
         .sum();
     // Each of four streams rounds up to a byte.
-    TABLE_HEADER_LEN as u64 + bits / 8 + 4
+    header_len(&span(lengths)) as u64 + bits / 8 + 4
 }
 
 /// Canonical codes for `lengths`, each bit-reversed for a least-significant-bit-first stream.
@@ -168,9 +186,12 @@ pub(super) fn encode(plane: &[u8], lengths: &[u8; 256], out: &mut Vec<u8>) {
     for symbol in 0..256 {
         entries[symbol] = u32::from(codes[symbol]) | u32::from(lengths[symbol]) << 16;
     }
+    let span = span(lengths);
     out.push(MAX_CODE_LEN as u8);
-    for pair in lengths.chunks_exact(2) {
-        out.push(pair[0] | pair[1] << 4);
+    out.push(span.start as u8);
+    out.push((span.len() - 1) as u8);
+    for pair in lengths[span].chunks(2) {
+        out.push(pair[0] | pair.get(1).copied().unwrap_or(0) << 4);
     }
     let lens_at = out.len();
     out.extend_from_slice(&[0; 12]);
@@ -224,29 +245,45 @@ fn encode_stream(symbols: &[u8], entries: &[u32; 256], out: &mut Vec<u8>) -> usi
 /// short, its code lengths are not a complete code, or a stream's length is not the bytes its
 /// symbols take.
 pub(super) fn decode(section: &[u8], into: &mut [u8]) -> Result<()> {
-    if section.len() < TABLE_HEADER_LEN {
-        return Err(Error::corrupt(format!(
+    let &[max_len, first, count] = section.first_chunk::<LENGTHS_AT>().ok_or_else(|| {
+        Error::corrupt(format!(
             "a Huffman plane of {} bytes is shorter than its table",
             section.len()
-        )));
-    }
-    let max_len = u32::from(section[0]);
+        ))
+    })?;
+    let max_len = u32::from(max_len);
     if !(1..=MAX_CODE_LEN).contains(&max_len) {
         return Err(Error::corrupt(format!(
             "a Huffman plane's longest code is {max_len} bits (1 to {MAX_CODE_LEN} are allowed)"
         )));
     }
+    let span = usize::from(first)..usize::from(first) + usize::from(count) + 1;
+    if span.end > 256 {
+        return Err(Error::corrupt(format!(
+            "a Huffman plane's table spans symbols {} to {}, past 255",
+            span.start,
+            span.end - 1
+        )));
+    }
+    let streams_at = header_len(&span);
+    if section.len() < streams_at {
+        return Err(Error::corrupt(format!(
+            "a Huffman plane of {} bytes is shorter than its table",
+            section.len()
+        )));
+    }
     let mut lengths = [0u8; 256];
-    for (i, &pair) in section[1..129].iter().enumerate() {
-        lengths[2 * i] = pair & 0xf;
-        lengths[2 * i + 1] = pair >> 4;
+    let nibbles = &section[LENGTHS_AT..streams_at - STREAM_LENS_LEN];
+    for (i, symbol) in span.enumerate() {
+        let pair = nibbles[i / 2];
+        lengths[symbol] = if i % 2 == 0 { pair & 0xf } else { pair >> 4 };
     }
     let table = table(&lengths, max_len)?;
     let mut stream_lens = [0usize; 4];
-    let mut rest = section.len() - TABLE_HEADER_LEN;
+    let mut rest = section.len() - streams_at;
     for (k, (slot, field)) in stream_lens
         .iter_mut()
-        .zip(section[129..141].chunks_exact(4))
+        .zip(section[streams_at - STREAM_LENS_LEN..streams_at].chunks_exact(4))
         .enumerate()
     {
         let len = u32::from_le_bytes(field.try_into().expect("4 bytes")) as usize;
@@ -260,7 +297,7 @@ pub(super) fn decode(section: &[u8], into: &mut [u8]) -> Result<()> {
     }
     stream_lens[3] = rest;
     let mut streams: [&[u8]; 4] = [&[]; 4];
-    let mut at = TABLE_HEADER_LEN;
+    let mut at = streams_at;
     for k in 0..4 {
         streams[k] = &section[at..at + stream_lens[k]];
         at += stream_lens[k];
@@ -434,7 +471,7 @@ mod tests {
         let mut back = vec![0u8; plane.len()];
 
         let mut incomplete = good.clone();
-        incomplete[1] = 0; // symbols 0 and 1 lose their codes
+        incomplete[3] = 0; // symbols 0 and 1 lose their codes
         let err = decode(&incomplete, &mut back).unwrap_err();
         assert!(err.to_string().contains("complete prefix code"), "{err}");
 
@@ -448,7 +485,8 @@ mod tests {
         assert!(decode(&long, &mut back).is_err());
 
         let mut lying = good;
-        lying[129..133].copy_from_slice(&u32::MAX.to_le_bytes());
+        // Symbols 0 to 2: two bytes of lengths, then stream 0's length.
+        lying[5..9].copy_from_slice(&u32::MAX.to_le_bytes());
         let err = decode(&lying, &mut back).unwrap_err();
         assert!(err.to_string().contains("claims"), "{err}");
     }

@@ -1,7 +1,22 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::ErrorKind;
+use crate::{DType, ErrorKind};
+
+/// Dtypes of every element width and kind.
+fn dtypes() -> Vec<DType> {
+    vec![
+        DType::U8,
+        DType::F8E4M3,
+        DType::BF16,
+        DType::F16,
+        DType::I16,
+        DType::F32,
+        DType::I32,
+        DType::F64,
+        DType::U64,
+    ]
+}
 
 /// Little-endian elements of values spread like trained weights: small, centred on zero, a
 /// scale per tensor.
@@ -22,8 +37,8 @@ fn weights(seeds: &[u32], scale: f32, width: usize) -> Vec<u8> {
         .collect()
 }
 
-fn round_trip(logical: &[u8], width: usize) -> Option<usize> {
-    let stored = encode_planes(logical, width)?;
+fn round_trip(logical: &[u8], elements: Elements) -> Option<usize> {
+    let stored = encode_planes(logical, elements)?;
     assert!(stored.len() < logical.len());
     let mut back = vec![0xa5; logical.len()];
     Codec::Planes.decode(&stored, &mut back).unwrap();
@@ -35,36 +50,38 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn weights_of_every_width_round_trip_bit_exact(
+    fn weights_of_every_dtype_round_trip_bit_exact(
         seeds in prop::collection::vec(any::<u32>(), 0..3000),
         scale in 1e-4f32..10.0,
-        width in prop::sample::select(vec![1usize, 2, 4, 8]),
+        dtype in prop::sample::select(dtypes()),
         cut in 0usize..8,
     ) {
-        let mut logical = weights(&seeds, scale, width.max(2));
+        let elements = Elements::of(&dtype);
+        let mut logical = weights(&seeds, scale, elements.width().max(2));
         // Pieces end anywhere: a tensor's last chunk runs on over padding.
         logical.truncate(logical.len().saturating_sub(cut));
-        round_trip(&logical, width);
+        round_trip(&logical, elements);
     }
 
     #[test]
     fn any_bytes_round_trip_or_stay_raw(
         logical in prop::collection::vec(any::<u8>(), 0..5000),
-        width in 1usize..=8,
+        dtype in prop::sample::select(dtypes()),
     ) {
-        round_trip(&logical, width);
+        round_trip(&logical, Elements::of(&dtype));
     }
 
     #[test]
     fn a_damaged_frame_is_refused_or_decodes_to_some_bytes_never_a_panic(
         seeds in prop::collection::vec(any::<u32>(), 64..2000),
-        width in prop::sample::select(vec![1usize, 2, 4]),
+        dtype in prop::sample::select(vec![DType::U8, DType::BF16, DType::F32]),
         at in any::<prop::sample::Index>(),
         bit in 0u8..8,
         cut in any::<prop::sample::Index>(),
     ) {
-        let logical = weights(&seeds, 0.05, width.max(2));
-        if let Some(stored) = encode_planes(&logical, width) {
+        let elements = Elements::of(&dtype);
+        let logical = weights(&seeds, 0.05, elements.width().max(2));
+        if let Some(stored) = encode_planes(&logical, elements) {
             let mut back = vec![0; logical.len()];
             let mut flipped = stored.clone();
             flipped[at.index(stored.len())] ^= 1 << bit;
@@ -84,8 +101,8 @@ fn bf16_weights_shrink_by_their_exponent_plane() {
         .map(|i| i.wrapping_mul(2_654_435_761))
         .collect();
     let logical = weights(&seeds, 0.04, 2);
-    let stored = round_trip(&logical, 2).expect("bf16 weights shrink");
-    // The high plane (sign and exponent) codes to a few bits a value; the low plane is raw.
+    let stored = round_trip(&logical, Elements::of(&DType::BF16)).expect("bf16 weights shrink");
+    // The exponent plane codes to a few bits a value; the sign and mantissa plane is raw.
     assert!(
         stored * 10 < logical.len() * 8,
         "{stored} of {}",
@@ -96,11 +113,11 @@ fn bf16_weights_shrink_by_their_exponent_plane() {
 #[test]
 fn zeros_and_noise_take_their_cheapest_form() {
     let zeros = vec![0u8; 1 << 16];
-    assert!(round_trip(&zeros, 4).unwrap() < 64);
+    assert!(round_trip(&zeros, Elements::of(&DType::F32)).unwrap() < 64);
     let noise: Vec<u8> = (0..1u32 << 16)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
-    assert_eq!(encode_planes(&noise, 1), None);
+    assert_eq!(encode_planes(&noise, Elements::BYTES), None);
 }
 
 #[test]
@@ -109,7 +126,7 @@ fn a_frame_longer_or_shorter_than_the_piece_is_refused() {
         .map(|i| i.wrapping_mul(2_654_435_761))
         .collect();
     let logical = weights(&seeds, 0.04, 2);
-    let stored = encode_planes(&logical, 2).unwrap();
+    let stored = encode_planes(&logical, Elements::of(&DType::BF16)).unwrap();
     for len in [logical.len() - 2, logical.len() + 2] {
         let mut back = vec![0; len];
         let err = Codec::Planes.decode(&stored, &mut back).unwrap_err();
@@ -126,7 +143,8 @@ fn a_frame_longer_or_shorter_than_the_piece_is_refused() {
 fn a_bomb_cannot_make_the_decoder_write_past_the_limit() {
     // One repeated-byte plane would claim any length; the caller's buffer and the limit bound
     // what is written.
-    let frame = [1u8, REPEATED, 1, 0, 0, 0, 0x41];
+    // Width 1, no flags; plane 0 repeated (method 1), 1 byte long: 0x41.
+    let frame = [1u8, 0, 1, 1, 0, 0, 0, 0x41];
     let mut small = vec![0u8; 10];
     Codec::Planes.decode(&frame, &mut small).unwrap();
     assert_eq!(small, [0x41; 10]);
@@ -141,4 +159,30 @@ fn an_unknown_codec_is_unsupported_by_name() {
     assert_eq!(err.kind(), ErrorKind::Unsupported);
     assert!(err.to_string().contains("`zstd-9`"), "{err}");
     assert_eq!(Codec::from_name("planes").unwrap(), Codec::Planes);
+}
+
+#[test]
+fn a_float_s_exponent_plane_takes_the_whole_exponent() {
+    // Moving the sign below the mantissa leaves the exponent whole in one plane: smaller
+    // than splitting the raw bytes, whose high byte mixes sign and seven exponent bits.
+    let seeds: Vec<u32> = (0..50_000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let logical = weights(&seeds, 0.04, 2);
+    let rotated = round_trip(&logical, Elements::of(&DType::BF16)).unwrap();
+    let plain = round_trip(&logical, Elements::of(&DType::I16)).unwrap();
+    assert!(rotated < plain, "{rotated} rotated, {plain} as integers");
+}
+
+#[test]
+fn flags_a_frame_cannot_have_are_refused() {
+    let seeds: Vec<u32> = (0..4000u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let logical = weights(&seeds, 0.04, 2);
+    let mut stored = encode_planes(&logical, Elements::of(&DType::BF16)).unwrap();
+    stored[1] = 0x81;
+    let mut back = vec![0; logical.len()];
+    let err = Codec::Planes.decode(&stored, &mut back).unwrap_err();
+    assert!(err.to_string().contains("flags"), "{err}");
 }
