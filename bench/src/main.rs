@@ -111,6 +111,7 @@ pub(crate) const CASES: &[Case] = &[
         cases::export::export_cases,
     ),
     (&["staging into device memory"], cases::device::device_cases),
+    (&["codec"], cases::codec::codec_cases),
 ];
 
 fn run(args: &Args) -> Result<()> {

@@ -44,6 +44,7 @@ macro_rules! with_cases {
             checkpoints::racing_saves_commit_once => RacingSavesCommitOnce,
             checkpoints::interleaved_saves_commit_once => InterleavedSavesCommitOnce,
             incremental::incremental_chains_survive_faults_and_gc => IncrementalChainsSurviveFaultsAndGc,
+            incremental::compressed_chains_survive_faults_and_gc => CompressedChainsSurviveFaultsAndGc,
             tiered::tiered_promotions_survive_durable_faults => TieredPromotionsSurviveDurableFaults,
             ranks::ranks_commit_when_the_last_finishes => RanksCommitWhenTheLastFinishes,
             ranks::rank_impostors_are_refused => RankImpostorsAreRefused,

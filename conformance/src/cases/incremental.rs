@@ -29,8 +29,12 @@ fn model(step: u64) -> Vec<Tensor> {
     ]
 }
 
-fn options() -> SaveOptions {
+fn incremental() -> SaveOptions {
     SaveOptions::incremental().with_chunk_len(4096)
+}
+
+fn compressed() -> SaveOptions {
+    incremental().with_compression()
 }
 
 /// Every tensor's bytes of `step`'s tensors, by name.
@@ -102,6 +106,20 @@ fn check_all(checkpoints: &Checkpoints, newest: u64, case: &str, context: &str) 
 /// chain never loses a byte a kept checkpoint refers to, and gc leaves only what the kept
 /// checkpoints name or refer to.
 pub fn incremental_chains_survive_faults_and_gc<H: Harness>(harness: &H, case: &str) -> Outcome {
+    chain_survives_faults_and_gc(harness, case, incremental)
+}
+
+/// The same with every piece a save writes encoded where that saves: what is stored differs,
+/// what every checkpoint reads does not.
+pub fn compressed_chains_survive_faults_and_gc<H: Harness>(harness: &H, case: &str) -> Outcome {
+    chain_survives_faults_and_gc(harness, case, compressed)
+}
+
+fn chain_survives_faults_and_gc<H: Harness>(
+    harness: &H,
+    case: &str,
+    options: fn() -> SaveOptions,
+) -> Outcome {
     let storage = harness.fresh();
     if !storage.capabilities().listing {
         return Outcome::NotApplicable("the backend does not list its containers".into());
@@ -116,6 +134,18 @@ pub fn incremental_chains_survive_faults_and_gc<H: Harness>(harness: &H, case: &
             fail!(
                 case,
                 "the increment of step {step} refers to nothing earlier"
+            );
+        }
+        let encoded = record
+            .pieces
+            .iter()
+            .flat_map(|p| &p.list)
+            .any(|piece| piece.encoding.is_some());
+        if encoded != options().incremental.is_some_and(|i| i.compress) {
+            fail!(
+                case,
+                "step {step} has encoded pieces: {encoded}, asked for: {}",
+                !encoded
             );
         }
     }
