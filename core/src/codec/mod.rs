@@ -28,54 +28,19 @@
 //! allocate more), and a frame that does not decode to exactly that length is
 //! [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt).
 
+mod elements;
 mod huffman;
 mod planes;
 mod words;
 
-use crate::{DType, Error, Result};
+pub use elements::Elements;
+
+use crate::{Error, ErrorKind, Result};
 
 /// The longest piece [`encode_planes`] encodes and a record may declare encoded: a decoder
 /// then never writes more than this for one piece, whatever a record claims. Pieces are cut
 /// at 1 MiB by default.
 pub const MAX_ENCODED_LOGICAL_LEN: u64 = 64 << 20;
-
-/// How a piece's bytes are split into planes: by the width of its elements, and for floats
-/// with each element's sign bit moved below its mantissa first, so that one plane holds the
-/// whole exponent (the byte that repeats) and the others the sign and mantissa (near noise).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Elements {
-    width: u8,
-    float: bool,
-}
-
-impl Elements {
-    /// Single bytes: one plane (fp8, u8, packed and quantized data, headers).
-    pub const BYTES: Self = Self {
-        width: 1,
-        float: false,
-    };
-
-    /// The elements of a tensor of `dtype`: floats of 2, 4 and 8 bytes by width with their
-    /// sign moved, integers by width, everything else as [`BYTES`](Self::BYTES).
-    pub fn of(dtype: &DType) -> Self {
-        let float = matches!(
-            dtype,
-            DType::F64 | DType::F32 | DType::Flex32 | DType::F16 | DType::BF16
-        );
-        match dtype.element_size() {
-            Some(width @ (2 | 4 | 8)) => Self {
-                width: width as u8,
-                float,
-            },
-            _ => Self::BYTES,
-        }
-    }
-
-    /// Bytes per element, and so the number of planes.
-    pub fn width(self) -> usize {
-        usize::from(self.width)
-    }
-}
 
 /// A way a piece's stored bytes encode its logical bytes, named in the commit record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,6 +82,15 @@ impl Codec {
     /// [`ErrorKind::LimitExceeded`](crate::ErrorKind::LimitExceeded) when `into` is longer
     /// than [`MAX_ENCODED_LOGICAL_LEN`].
     pub fn decode(self, stored: &[u8], into: &mut [u8]) -> Result<()> {
+        if into.len() as u64 > MAX_ENCODED_LOGICAL_LEN {
+            return Err(Error::new(
+                ErrorKind::LimitExceeded,
+                format!(
+                    "an encoded piece of {} bytes is over the limit of {MAX_ENCODED_LOGICAL_LEN}",
+                    into.len()
+                ),
+            ));
+        }
         match self {
             Self::Planes => planes::decode(stored, into),
         }

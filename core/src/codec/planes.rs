@@ -3,8 +3,9 @@
 
 use std::cell::RefCell;
 
-use super::{Elements, MAX_ENCODED_LOGICAL_LEN, huffman, words};
-use crate::{Error, ErrorKind, Result};
+use super::elements::Elements;
+use super::{huffman, words};
+use crate::{Error, Result};
 
 /// How a plane is stored, the byte before its length in a frame.
 const RAW: u8 = 0;
@@ -66,7 +67,7 @@ fn cut_planes(planes: &mut [u8], len: usize, width: usize) -> Vec<&mut [u8]> {
 
 pub(super) fn encode(logical: &[u8], elements: Elements) -> Option<Vec<u8>> {
     let width = elements.width();
-    let rotate = elements.float && width > 1;
+    let rotate = elements.rotated();
     if width == 1 {
         return encode_split(logical.len(), width, rotate, &[logical]);
     }
@@ -143,15 +144,6 @@ fn shrinks(sample: &[u8], share: usize) -> bool {
 }
 
 pub(super) fn decode(stored: &[u8], into: &mut [u8]) -> Result<()> {
-    if into.len() as u64 > MAX_ENCODED_LOGICAL_LEN {
-        return Err(Error::new(
-            ErrorKind::LimitExceeded,
-            format!(
-                "an encoded piece of {} bytes is over the limit of {MAX_ENCODED_LOGICAL_LEN}",
-                into.len()
-            ),
-        ));
-    }
     let &[width, flags] = stored
         .first_chunk::<FRAME_HEADER_LEN>()
         .ok_or_else(|| Error::corrupt(format!("a frame of {} bytes", stored.len())))?;
