@@ -44,11 +44,16 @@ impl Checkpoints {
     }
 }
 
-fn options(incremental: bool, metadata: Option<BTreeMap<String, String>>) -> SaveOptions {
-    let mut options = if incremental {
-        SaveOptions::incremental()
-    } else {
-        SaveOptions::default()
+/// The options of a save: `compress` makes it incremental too.
+fn options(
+    incremental: bool,
+    compress: bool,
+    metadata: Option<BTreeMap<String, String>>,
+) -> SaveOptions {
+    let mut options = match (incremental, compress) {
+        (_, true) => SaveOptions::compressed(),
+        (true, false) => SaveOptions::incremental(),
+        (false, false) => SaveOptions::default(),
     };
     options.metadata = metadata.unwrap_or_default();
     options
@@ -67,8 +72,12 @@ impl Checkpoints {
 
     /// Saves `tensors` as checkpoint `step` and commits it: its record is written last, with
     /// every container's CRC32C. `incremental` writes only the 1 MiB pieces an earlier
-    /// checkpoint lacks.
-    #[pyo3(signature = (step, tensors, metadata=None, format=None, incremental=false))]
+    /// checkpoint lacks; `compress` (incremental too) stores them encoded where that saves.
+    #[pyo3(signature = (step, tensors, metadata=None, format=None, incremental=false, compress=false))]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the Python signature: keyword arguments with defaults"
+    )]
     fn save(
         &self,
         py: Python<'_>,
@@ -77,11 +86,12 @@ impl Checkpoints {
         metadata: Option<BTreeMap<String, String>>,
         format: Option<&str>,
         incremental: bool,
+        compress: bool,
     ) -> PyResult<()> {
         let writer = writer(&tensors, None, chosen_format(format, "")?)?;
         py.detach(|| {
             self.run
-                .save_with(step, writer, options(incremental, metadata))
+                .save_with(step, writer, options(incremental, compress, metadata))
         })
         .map(drop)
         .map_err(to_py)
@@ -91,7 +101,11 @@ impl Checkpoints {
     /// the save keeps the values they had at the call, whatever training does to them next,
     /// at the cost of one copy of them in host memory until the save ends. One save is in
     /// flight at a time: a second call first waits for the first.
-    #[pyo3(signature = (step, tensors, metadata=None, format=None, incremental=false))]
+    #[pyo3(signature = (step, tensors, metadata=None, format=None, incremental=false, compress=false))]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the Python signature: keyword arguments with defaults"
+    )]
     fn save_in_background(
         &self,
         py: Python<'_>,
@@ -100,13 +114,14 @@ impl Checkpoints {
         metadata: Option<BTreeMap<String, String>>,
         format: Option<&str>,
         incremental: bool,
+        compress: bool,
     ) -> PyResult<SaveHandle> {
         let writer = writer(&tensors, None, chosen_format(format, "")?)?;
         let handle = py
             .detach(|| {
                 let writer = snapshot(writer)?;
                 self.run
-                    .save_in_background(step, writer, options(incremental, metadata))
+                    .save_in_background(step, writer, options(incremental, compress, metadata))
             })
             .map_err(to_py)?;
         Ok(SaveHandle {

@@ -84,6 +84,25 @@ def test_incremental_saves_read_as_whole_checkpoints(tmp_path: Path) -> None:
     assert on_disk < 2 * frozen.numel() * 4, f"{on_disk} bytes: the frozen tensor was rewritten"
 
 
+def test_compressed_saves_store_less_and_load_bit_for_bit(tmp_path: Path) -> None:
+    checkpoints = weightbay.Checkpoints(tmp_path / "run")
+    generator = torch.Generator().manual_seed(7)
+    tensors = {
+        "w.bf16": (torch.randn(512, 1024, generator=generator) * 0.02).to(torch.bfloat16),
+        "w.f32": torch.randn(256, 1024, generator=generator) * 0.02,
+    }
+    checkpoints.save(1, tensors, compress=True)
+    changed = {**tensors, "w.f32": tensors["w.f32"] + 1}
+    checkpoints.save(2, changed, compress=True)
+    assert_same(checkpoints.load(1), tensors)
+    assert_same(checkpoints.load(2), changed)
+    assert checkpoints.verify(1) > 0 and checkpoints.verify(2) > 0
+    logical = sum(t.numel() * t.element_size() for t in tensors.values())
+    step_1 = tmp_path / "run" / "step-1"
+    on_disk = sum(f.stat().st_size for f in step_1.rglob("*") if f.is_file())
+    assert on_disk < 0.8 * logical, f"{on_disk} bytes stored for {logical}"
+
+
 def test_a_changed_container_fails_verify_and_is_not_loaded_silently(tmp_path: Path) -> None:
     checkpoints = weightbay.Checkpoints(tmp_path / "run")
     checkpoints.save(1, model(1))

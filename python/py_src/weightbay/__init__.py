@@ -205,14 +205,19 @@ class Checkpoints:
         metadata: Mapping[str, str] | None = None,
         format: Literal["safetensors", "burnpack"] | None = None,
         incremental: bool = False,
+        compress: bool = False,
     ) -> None:
         """Saves ``tensors`` as checkpoint ``step`` and commits it.
 
         ``metadata`` goes into the commit record. ``incremental`` writes only the 1 MiB pieces
-        no earlier checkpoint holds; the checkpoint still reads as a whole one. Raises
+        no earlier checkpoint holds; the checkpoint still reads as a whole one. ``compress``
+        (incremental too) stores each piece it writes losslessly encoded where that makes it
+        smaller: bf16 and f32 weights by about a third and a sixth. Raises
         :class:`AlreadyExistsError` when ``step`` is committed already.
         """
-        self._inner.save(step, _exportable(tensors), _metadata(metadata), format, incremental)
+        self._inner.save(
+            step, _exportable(tensors), _metadata(metadata), format, incremental, compress
+        )
 
     def save_in_background(
         self,
@@ -222,6 +227,7 @@ class Checkpoints:
         metadata: Mapping[str, str] | None = None,
         format: Literal["safetensors", "burnpack"] | None = None,
         incremental: bool = False,
+        compress: bool = False,
     ) -> SaveHandle:
         """Starts saving ``step`` on a thread of its own; returns once the tensors are copied.
 
@@ -231,7 +237,7 @@ class Checkpoints:
         """
         return SaveHandle(
             self._inner.save_in_background(
-                step, _exportable(tensors), _metadata(metadata), format, incremental
+                step, _exportable(tensors), _metadata(metadata), format, incremental, compress
             )
         )
 

@@ -53,6 +53,7 @@ class Checkpoints:
         metadata: dict[str, str] | None = None,
         format: str | None = None,
         incremental: bool = False,
+        compress: bool = False,
     ) -> None: ...
     def save_in_background(
         self,
@@ -61,6 +62,7 @@ class Checkpoints:
         metadata: dict[str, str] | None = None,
         format: str | None = None,
         incremental: bool = False,
+        compress: bool = False,
     ) -> SaveHandle: ...
     def save_rank(
         self,
