@@ -354,6 +354,8 @@ pub(crate) struct DeltaSink<'a> {
     written: u64,
     /// The piece being decided, as it streams.
     buffer: Vec<u8>,
+    /// The encoded piece being written, kept from piece to piece.
+    frame: Vec<u8>,
     /// The CRC32C of the piece being written.
     crc: u32,
     pieces: Vec<PieceRecord>,
@@ -381,6 +383,7 @@ impl<'a> DeltaSink<'a> {
             position: 0,
             written: 0,
             buffer: Vec::new(),
+            frame: Vec::new(),
             crc: 0,
             pieces: Vec::new(),
         }
@@ -449,18 +452,18 @@ impl<'a> DeltaSink<'a> {
             (Some(_), None) => Some(Elements::BYTES),
             (None, _) => None,
         };
-        let frame = elements
-            .filter(|_| len <= MAX_ENCODED_LOGICAL_LEN)
-            .and_then(|elements| encode_planes(&self.buffer, elements));
-        let Some(frame) = frame else {
+        let encoded = elements.is_some_and(|elements| {
+            len <= MAX_ENCODED_LOGICAL_LEN && encode_planes(&self.buffer, elements, &mut self.frame)
+        });
+        if !encoded {
             self.inner.write(&self.buffer)?;
             return Ok(self.written_piece(len, hash, tensor, None));
-        };
-        self.inner.write(&frame)?;
+        }
+        self.inner.write(&self.frame)?;
         let encoding = Encoding {
             codec: Codec::Planes.name().to_owned(),
-            len: frame.len() as u64,
-            crc32c: crc32c(&frame),
+            len: self.frame.len() as u64,
+            crc32c: crc32c(&self.frame),
         };
         Ok(self.written_piece(len, hash, tensor, Some(encoding)))
     }

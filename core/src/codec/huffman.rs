@@ -310,30 +310,32 @@ pub(super) fn decode(section: &[u8], into: &mut [u8]) -> Result<()> {
         [a, b, c, d]
     };
     let mask = TABLE_LEN as u64 - 1;
+    let pairs = pairs(&table);
     let mut pos = [0usize; 4];
-    // Side by side while every stream has 8 bytes to load and 4 symbols to write (quarters
-    // are equal but for the last): four independent chains keep the core's units busy.
-    let shortest = outs.iter().map(|o| o.len()).min().unwrap_or(0);
-    let mut i = 0;
-    while i + 4 <= shortest && (0..4).all(|k| pos[k] / 8 + 8 <= streams[k].len()) {
+    let mut done = [0usize; 4];
+    // Side by side while every stream has 8 bytes to load and room for 8 symbols: four
+    // independent chains keep the core's units busy, and each lookup yields one or two
+    // symbols (an exponent's code is three bits or so).
+    while (0..4).all(|k| pos[k] / 8 + 8 <= streams[k].len() && done[k] + 8 <= outs[k].len()) {
         for k in 0..4 {
             let at = pos[k] / 8;
             let mut v = u64::from_le_bytes(streams[k][at..at + 8].try_into().expect("8 bytes"))
                 >> (pos[k] % 8);
-            // 57 bits are loaded; four codes take at most 44.
-            for j in 0..4 {
-                let entry = table[(v & mask) as usize];
-                outs[k][i + j] = entry as u8;
-                let len = u32::from(entry >> 8);
+            // 57 bits are loaded; four lookups take at most 44.
+            for _ in 0..4 {
+                let entry = pairs[(v & mask) as usize];
+                // Two bytes always: a second that was not decoded is written over next.
+                outs[k][done[k]..done[k] + 2].copy_from_slice(&(entry as u16).to_le_bytes());
+                let len = (entry >> 16) & 0xff;
                 v >>= len;
                 pos[k] += len as usize;
+                done[k] += (entry >> 24) as usize;
             }
         }
-        i += 4;
     }
     for k in 0..4 {
         let stream = streams[k];
-        let mut j = i;
+        let mut j = done[k];
         while j < outs[k].len() {
             let at = pos[k] / 8;
             let mut word = [0u8; 8];
@@ -359,6 +361,27 @@ pub(super) fn decode(section: &[u8], into: &mut [u8]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The decoding table for one or two symbols a lookup: entry `b` holds the symbol whose code
+/// is the low bits of `b` and, when the next code fits in the bits left, the symbol after it
+/// (bytes 0 and 1), the bits both take (byte 2), and how many symbols it holds (byte 3).
+fn pairs(single: &[u16; TABLE_LEN]) -> Box<[u32; TABLE_LEN]> {
+    let mut pairs = Box::new([0u32; TABLE_LEN]);
+    for (index, slot) in pairs.iter_mut().enumerate() {
+        let first = u32::from(single[index]);
+        let first_len = first >> 8;
+        // The bits after the first code; those past the table's are zero, which a code that
+        // fits in the rest does not look at (each code fills every entry it prefixes).
+        let second = u32::from(single[index >> first_len]);
+        let second_len = second >> 8;
+        *slot = if first_len + second_len <= MAX_CODE_LEN {
+            (first & 0xff) | (second & 0xff) << 8 | (first_len + second_len) << 16 | 2 << 24
+        } else {
+            (first & 0xff) | first_len << 16 | 1 << 24
+        };
+    }
+    pairs
 }
 
 /// The decoding table of a complete code: entry `b` is the symbol whose code is the low bits

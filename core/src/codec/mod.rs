@@ -15,7 +15,8 @@
 //!
 //! // bf16 values near 0.02: the exponents repeat, the mantissas vary.
 //! let logical: Vec<u8> = (0..4096u32).flat_map(|i| [(i * 37) as u8, 0x3c + (i % 3) as u8]).collect();
-//! let stored = encode_planes(&logical, Elements::of(&DType::BF16)).expect("the exponents shrink");
+//! let mut stored = Vec::new();
+//! assert!(encode_planes(&logical, Elements::of(&DType::BF16), &mut stored), "the exponents shrink");
 //! assert!(stored.len() < logical.len() * 3 / 4);
 //! let mut back = vec![0u8; logical.len()];
 //! Codec::Planes.decode(&stored, &mut back)?;
@@ -97,21 +98,24 @@ impl Codec {
     }
 }
 
-/// Encodes `logical`, a piece of `elements`, as byte planes ([`Codec::Planes`]), or `None`
-/// when that would not make it smaller: the piece is then best stored raw.
+/// Encodes `logical`, a piece of `elements`, as byte planes ([`Codec::Planes`]) into `out`
+/// (cleared first; a buffer kept from piece to piece costs no fresh memory), and says whether
+/// that made it smaller: when not, the piece is best stored raw and `out` holds nothing of
+/// use.
 ///
 /// A plane is Huffman coded only where that saves at least 1/32 of it, so a decoder spends
 /// time only on planes that pay for it.
 ///
 /// # Panics
 /// When `logical` is longer than [`MAX_ENCODED_LOGICAL_LEN`]: the caller cuts pieces.
-pub fn encode_planes(logical: &[u8], elements: Elements) -> Option<Vec<u8>> {
+pub fn encode_planes(logical: &[u8], elements: Elements, out: &mut Vec<u8>) -> bool {
     assert!(
         logical.len() as u64 <= MAX_ENCODED_LOGICAL_LEN,
         "a piece of {} bytes is over {MAX_ENCODED_LOGICAL_LEN}",
         logical.len()
     );
-    planes::encode(logical, elements)
+    out.clear();
+    planes::encode(logical, elements, out)
 }
 
 #[cfg(test)]

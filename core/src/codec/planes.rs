@@ -65,11 +65,11 @@ fn cut_planes(planes: &mut [u8], len: usize, width: usize) -> Vec<&mut [u8]> {
     cut
 }
 
-pub(super) fn encode(logical: &[u8], elements: Elements) -> Option<Vec<u8>> {
+pub(super) fn encode(logical: &[u8], elements: Elements, out: &mut Vec<u8>) -> bool {
     let width = elements.width();
     let rotate = elements.rotated();
     if width == 1 {
-        return encode_split(logical.len(), width, rotate, &[logical]);
+        return encode_split(logical.len(), width, rotate, &[logical], out);
     }
     with_scratch(logical.len(), |scratch| {
         let whole = logical.len() / width;
@@ -82,29 +82,36 @@ pub(super) fn encode(logical: &[u8], elements: Elements) -> Option<Vec<u8>> {
             plane[whole] = byte;
         }
         let planes: Vec<&[u8]> = planes.into_iter().map(|p| &*p).collect();
-        encode_split(logical.len(), width, rotate, &planes)
+        encode_split(logical.len(), width, rotate, &planes, out)
     })
 }
 
-/// The frame of a piece of `len` bytes split into `planes`.
-fn encode_split(len: usize, width: usize, rotate: bool, planes: &[&[u8]]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(len);
+/// Appends the frame of a piece of `len` bytes split into `planes` to `out`; whether it is
+/// shorter than the piece.
+fn encode_split(
+    len: usize,
+    width: usize,
+    rotate: bool,
+    planes: &[&[u8]],
+    out: &mut Vec<u8>,
+) -> bool {
+    out.reserve(len);
     out.push(width as u8);
     out.push(if rotate { ROTATED } else { 0 });
     let heads_at = out.len();
     out.resize(heads_at + 5 * width, 0);
     for (p, &plane) in planes.iter().enumerate() {
         let start = out.len();
-        let method = encode_plane(plane, &mut out);
+        let method = encode_plane(plane, out);
         let section = u32::try_from(out.len() - start).expect("a plane is under 64 MiB");
         let head = heads_at + 5 * p;
         out[head] = method;
         out[head + 1..head + 5].copy_from_slice(&section.to_le_bytes());
         if out.len() >= len {
-            return None;
+            return false;
         }
     }
-    Some(out)
+    true
 }
 
 /// Appends `plane`'s section to `out` in the method that stores it smallest; returns the
