@@ -310,26 +310,26 @@ pub(super) fn decode(section: &[u8], into: &mut [u8]) -> Result<()> {
         [a, b, c, d]
     };
     let mask = TABLE_LEN as u64 - 1;
-    let pairs = pairs(&table);
+    let triples = triples(&table);
     let mut pos = [0usize; 4];
     let mut done = [0usize; 4];
-    // Side by side while every stream has 8 bytes to load and room for 8 symbols: four
-    // independent chains keep the core's units busy, and each lookup yields one or two
+    // Side by side while every stream has 8 bytes to load and room for 16 symbols: four
+    // independent chains keep the core's units busy, and each lookup yields one to three
     // symbols (an exponent's code is three bits or so).
-    while (0..4).all(|k| pos[k] / 8 + 8 <= streams[k].len() && done[k] + 8 <= outs[k].len()) {
+    while (0..4).all(|k| pos[k] / 8 + 8 <= streams[k].len() && done[k] + 16 <= outs[k].len()) {
         for k in 0..4 {
             let at = pos[k] / 8;
             let mut v = u64::from_le_bytes(streams[k][at..at + 8].try_into().expect("8 bytes"))
                 >> (pos[k] % 8);
             // 57 bits are loaded; four lookups take at most 44.
             for _ in 0..4 {
-                let entry = pairs[(v & mask) as usize];
-                // Two bytes always: a second that was not decoded is written over next.
-                outs[k][done[k]..done[k] + 2].copy_from_slice(&(entry as u16).to_le_bytes());
-                let len = (entry >> 16) & 0xff;
+                let entry = triples[(v & mask) as usize];
+                // Four bytes always: those past the symbols decoded are written over next.
+                outs[k][done[k]..done[k] + 4].copy_from_slice(&entry.to_le_bytes());
+                let len = (entry >> 24) & 0x1f;
                 v >>= len;
                 pos[k] += len as usize;
-                done[k] += (entry >> 24) as usize;
+                done[k] += (entry >> 29) as usize;
             }
         }
     }
@@ -363,25 +363,29 @@ pub(super) fn decode(section: &[u8], into: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// The decoding table for one or two symbols a lookup: entry `b` holds the symbol whose code
-/// is the low bits of `b` and, when the next code fits in the bits left, the symbol after it
-/// (bytes 0 and 1), the bits both take (byte 2), and how many symbols it holds (byte 3).
-fn pairs(single: &[u16; TABLE_LEN]) -> Box<[u32; TABLE_LEN]> {
-    let mut pairs = Box::new([0u32; TABLE_LEN]);
-    for (index, slot) in pairs.iter_mut().enumerate() {
-        let first = u32::from(single[index]);
-        let first_len = first >> 8;
-        // The bits after the first code; those past the table's are zero, which a code that
-        // fits in the rest does not look at (each code fills every entry it prefixes).
-        let second = u32::from(single[index >> first_len]);
-        let second_len = second >> 8;
-        *slot = if first_len + second_len <= MAX_CODE_LEN {
-            (first & 0xff) | (second & 0xff) << 8 | (first_len + second_len) << 16 | 2 << 24
-        } else {
-            (first & 0xff) | first_len << 16 | 1 << 24
-        };
+/// The decoding table for up to three symbols a lookup: entry `b` holds the symbol whose code
+/// is the low bits of `b` and, while the next codes fit in the bits left, the symbols after it
+/// (bytes 0 to 2, 5 bits of length in byte 3's low bits, and how many symbols above them).
+fn triples(single: &[u16; TABLE_LEN]) -> Box<[u32; TABLE_LEN]> {
+    let mut triples = Box::new([0u32; TABLE_LEN]);
+    for (index, slot) in triples.iter_mut().enumerate() {
+        let (mut symbols, mut used, mut count) = (0u32, 0u32, 0u32);
+        while count < 3 {
+            // The bits after the codes taken; those past the table's are zero, which a code
+            // that fits in the rest does not look at (each code fills every entry it
+            // prefixes).
+            let entry = u32::from(single[index >> used]);
+            let len = entry >> 8;
+            if used + len > MAX_CODE_LEN {
+                break;
+            }
+            symbols |= (entry & 0xff) << (8 * count);
+            used += len;
+            count += 1;
+        }
+        *slot = symbols | used << 24 | count << 29;
     }
-    pairs
+    triples
 }
 
 /// The decoding table of a complete code: entry `b` is the symbol whose code is the low bits

@@ -5,6 +5,42 @@
 
 /// Splits `elements` into `planes`, each at least one byte per whole element.
 pub(super) fn split(elements: &[u8], width: usize, rotate: bool, planes: Vec<&mut [u8]>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2, checked just above.
+        return unsafe { split_avx2(elements, width, rotate, planes) };
+    }
+    split_any(elements, width, rotate, planes);
+}
+
+/// Joins `planes`, each at least one byte per whole element, into `elements`: the inverse of
+/// [`split`].
+pub(super) fn merge(planes: &[&[u8]], width: usize, rotate: bool, elements: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: this CPU has AVX2, checked just above.
+        return unsafe { merge_avx2(planes, width, rotate, elements) };
+    }
+    merge_any(planes, width, rotate, elements);
+}
+
+// The same loops compiled for AVX2 too (the functions below are inlined into these): twice the
+// bytes a vector, which on this project's machine took f32 pieces from 0.9 to 1.2 GiB/s on one
+// core; the portable build has SSE2 only.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn split_avx2(elements: &[u8], width: usize, rotate: bool, planes: Vec<&mut [u8]>) {
+    split_any(elements, width, rotate, planes);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn merge_avx2(planes: &[&[u8]], width: usize, rotate: bool, elements: &mut [u8]) {
+    merge_any(planes, width, rotate, elements);
+}
+
+#[inline(always)]
+fn split_any(elements: &[u8], width: usize, rotate: bool, planes: Vec<&mut [u8]>) {
     match width {
         2 => split2(elements, rotate, planes),
         4 => split4(elements, rotate, planes),
@@ -13,9 +49,8 @@ pub(super) fn split(elements: &[u8], width: usize, rotate: bool, planes: Vec<&mu
     }
 }
 
-/// Joins `planes`, each at least one byte per whole element, into `elements`: the inverse of
-/// [`split`].
-pub(super) fn merge(planes: &[&[u8]], width: usize, rotate: bool, elements: &mut [u8]) {
+#[inline(always)]
+fn merge_any(planes: &[&[u8]], width: usize, rotate: bool, elements: &mut [u8]) {
     match width {
         2 => merge2(planes, rotate, elements),
         4 => merge4(planes, rotate, elements),
@@ -26,6 +61,7 @@ pub(super) fn merge(planes: &[&[u8]], width: usize, rotate: bool, elements: &mut
 
 macro_rules! words {
     ($split:ident, $merge:ident, $word:ty, $width:literal) => {
+        #[inline(always)]
         fn $split(elements: &[u8], rotate: bool, planes: Vec<&mut [u8]>) {
             let (words, _) = elements.as_chunks::<$width>();
             let n = words.len();
@@ -46,6 +82,7 @@ macro_rules! words {
             }
         }
 
+        #[inline(always)]
         fn $merge(planes: &[&[u8]], rotate: bool, elements: &mut [u8]) {
             let (words, _) = elements.as_chunks_mut::<$width>();
             let n = words.len();
