@@ -57,7 +57,11 @@ fn weights(dtype: &DType, len: usize) -> Vec<u8> {
         let sigma = sigmas[(i / per_tensor) % sigmas.len()];
         // Box–Muller; one value in 32 from the wider normal.
         let normal = (-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos();
-        let scale = if i.is_multiple_of(32) { 4.0 * sigma } else { sigma };
+        let scale = if i.is_multiple_of(32) {
+            4.0 * sigma
+        } else {
+            sigma
+        };
         let value = (normal * scale) as f32;
         if width == 2 {
             let bits = value.to_bits();
