@@ -27,7 +27,7 @@
 //! Decoding treats its input as hostile: every length is checked against the bytes there
 //! are, the output is the caller's buffer of the logical length (a frame cannot make it
 //! allocate more), and a frame that does not decode to exactly that length is
-//! [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt).
+//! [`ErrorKind::Corrupt`].
 
 mod elements;
 mod huffman;
@@ -63,8 +63,8 @@ impl Codec {
     /// The codec a record names.
     ///
     /// # Errors
-    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) naming `name` when this
-    /// version of weightbay does not know it (written by a newer one).
+    /// [`ErrorKind::Unsupported`] naming `name` when this version of weightbay does not know it
+    /// (written by a newer one).
     pub fn from_name(name: &str) -> Result<Self> {
         match name {
             "planes" => Ok(Self::Planes),
@@ -78,10 +78,9 @@ impl Codec {
     /// Decodes `stored` into `into`, which must be the piece's logical length.
     ///
     /// # Errors
-    /// [`ErrorKind::Corrupt`](crate::ErrorKind::Corrupt) naming what is wrong when `stored`
-    /// is not a frame of this codec that decodes to exactly `into.len()` bytes;
-    /// [`ErrorKind::LimitExceeded`](crate::ErrorKind::LimitExceeded) when `into` is longer
-    /// than [`MAX_ENCODED_LOGICAL_LEN`].
+    /// [`ErrorKind::Corrupt`] naming what is wrong when `stored` is not a frame of this codec
+    /// that decodes to exactly `into.len()` bytes; [`ErrorKind::LimitExceeded`] when `into` is
+    /// longer than [`MAX_ENCODED_LOGICAL_LEN`].
     pub fn decode(self, stored: &[u8], into: &mut [u8]) -> Result<()> {
         if into.len() as u64 > MAX_ENCODED_LOGICAL_LEN {
             return Err(Error::new(
