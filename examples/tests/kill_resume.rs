@@ -24,6 +24,19 @@ fn run_to_end(url: &str, args: &[&str]) -> (String, String) {
     (String::from_utf8(output.stdout).unwrap(), stderr)
 }
 
+/// The uninterrupted run's result, and the window to kill the loop within: at most
+/// [`KILL_WITHIN_MS`], and ending by three quarters of what that run took (kills come 20 ms
+/// after the start at the earliest), so a kill lands while the loop still runs even where it
+/// ends sooner than the window: on local files it takes about a third of a second here, and
+/// a window past its end let it finish before the first kill.
+fn reference(base: &str, args: &[&str]) -> (String, u64) {
+    let started = Instant::now();
+    let (reference, _) = run_to_end(&format!("{base}/reference"), args);
+    let took = started.elapsed().as_millis() as u64;
+    let within = (took * 3 / 4).saturating_sub(20).clamp(10, KILL_WITHIN_MS);
+    (reference, within)
+}
+
 /// Starts the loop at `url` with `args` and kills it at a random moment up to `within` ms
 /// after it starts, `rounds` times or until it finishes on its own; returns how many kills
 /// landed.
@@ -71,10 +84,10 @@ const KILL_WITHIN_MS: u64 = 900;
 /// kills landed), then runs it to its end and checks its result against an uninterrupted
 /// run's.
 fn killed_and_resumed(base: &str, args: &[&str]) {
-    let (reference, _) = run_to_end(&format!("{base}/reference"), args);
+    let (reference, within) = reference(base, args);
     let mut moments = Moments::from_env();
     let url = format!("{base}/killed");
-    let kills = kill_repeatedly(&url, args, 40, KILL_WITHIN_MS, &mut moments);
+    let kills = kill_repeatedly(&url, args, 40, within, &mut moments);
     assert!(
         kills > 0,
         "no kill landed: the loop ends before the first moment"
@@ -91,7 +104,7 @@ fn killed_and_resumed(base: &str, args: &[&str]) {
 /// every byte it refers to is there and matches its record.
 fn killed_and_resumed_incrementally_beside_gc(base: &str) {
     let args = ["--incremental"];
-    let (reference, _) = run_to_end(&format!("{base}/reference"), &args);
+    let (reference, within) = reference(base, &args);
     let url = format!("{base}/killed");
     let location = weightbay_object_store::Location::parse(&url).unwrap();
     let checkpoints = Checkpoints::over(Arc::clone(&location.storage), location.key.clone());
@@ -118,7 +131,7 @@ fn killed_and_resumed_incrementally_beside_gc(base: &str) {
             checked
         });
         let mut moments = Moments::from_env();
-        let kills = kill_repeatedly(&url, &args, 40, KILL_WITHIN_MS, &mut moments);
+        let kills = kill_repeatedly(&url, &args, 40, within, &mut moments);
         done.store(true, std::sync::atomic::Ordering::SeqCst);
         (kills, watcher.join().unwrap())
     });
