@@ -112,6 +112,13 @@ pub(crate) const CASES: &[Case] = &[
     ),
     (&["staging into device memory"], cases::device::device_cases),
     (&["codec"], cases::codec::codec_cases),
+    (
+        &[
+            "compressed save through the capped store",
+            "compressed cold load through the capped store",
+        ],
+        cases::compressed::compressed_cases,
+    ),
 ];
 
 fn run(args: &Args) -> Result<()> {

@@ -2,7 +2,8 @@
 //! container, their decoded bytes laid end to end in the order they were added. Each piece is
 //! fetched whole, its stored bytes checked against their CRC32C before they are decoded, and
 //! decoded into memory; the pieces a read needs are fetched in one batch per
-//! [`BATCH_LEN`] of decoded bytes and decoded on every core.
+//! [`BATCH_LEN`] of decoded bytes, the next batch fetched while this one is decoded on every
+//! core.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -116,6 +117,12 @@ impl Decoded {
     /// Fetches frames `indices` in one batched read of the stored container, checks each
     /// against its stored CRC32C and decodes them, on every core.
     fn decode(&self, indices: &[usize]) -> Result<Vec<Vec<u8>>> {
+        let fetched = self.fetch_frames(indices)?;
+        self.decode_fetched(indices, &fetched)
+    }
+
+    /// The stored bytes of frames `indices`, in one batched read of the stored container.
+    fn fetch_frames(&self, indices: &[usize]) -> Result<Vec<Bytes>> {
         let ranges: Vec<Range<u64>> = indices
             .iter()
             .map(|&i| self.frames[i].offset..self.frames[i].offset + self.frames[i].stored_len)
@@ -131,6 +138,12 @@ impl Decoded {
             )
             .with_key(&self.key));
         }
+        Ok(fetched)
+    }
+
+    /// Frames `indices`, fetched, checked against their stored CRC32C and decoded on every
+    /// core.
+    fn decode_fetched(&self, indices: &[usize], fetched: &[Bytes]) -> Result<Vec<Vec<u8>>> {
         let one = |(&i, bytes): (&usize, &Bytes)| -> Result<Vec<u8>> {
             let frame = &self.frames[i];
             let stored = bytes.read(AccessPolicy::AllowCopy)?;
@@ -162,7 +175,7 @@ impl Decoded {
             })?;
             Ok(decoded)
         };
-        let work: Vec<(&usize, &Bytes)> = indices.iter().zip(&fetched).collect();
+        let work: Vec<(&usize, &Bytes)> = indices.iter().zip(fetched).collect();
         let threads = std::thread::available_parallelism()
             .map_or(1, usize::from)
             .min(work.len())
@@ -234,28 +247,46 @@ impl Source for Decoded {
             .collect();
         wanted.sort_unstable();
         wanted.dedup();
-        let mut batch: Vec<usize> = Vec::new();
-        let mut batch_len = 0;
-        for (n, &i) in wanted.iter().enumerate() {
-            batch.push(i);
-            batch_len += self.frames[i].len;
-            if batch_len < BATCH_LEN && n + 1 < wanted.len() {
-                continue;
+        let mut batches: Vec<Vec<usize>> = Vec::new();
+        let mut batch_len = BATCH_LEN;
+        for &i in &wanted {
+            if batch_len >= BATCH_LEN {
+                batches.push(Vec::new());
+                batch_len = 0;
             }
-            let decoded = self.decode(&batch)?;
-            let (first, last) = (batch[0], batch[batch.len() - 1]);
-            for (offset, buf) in jobs.iter_mut() {
-                let touched = self.touched(&(*offset..*offset + buf.len() as u64));
-                for i in touched.start.max(first)..touched.end.min(last + 1) {
-                    if let Ok(at) = batch.binary_search(&i) {
-                        copy_overlap(self.frames[i].at, &decoded[at], *offset, buf);
+            batches.last_mut().expect("a batch was started").push(i);
+            batch_len += self.frames[i].len;
+        }
+        // The next batch is fetched while this one is decoded, so the store's connections
+        // stay busy: at most two batches are held.
+        std::thread::scope(|scope| {
+            let (fetched, arrived) = std::sync::mpsc::sync_channel(0);
+            let batches = &batches;
+            scope.spawn(move || {
+                for batch in batches {
+                    if fetched.send(self.fetch_frames(batch)).is_err() {
+                        return;
+                    }
+                }
+            });
+            for batch in batches {
+                let frames = arrived.recv().map_err(|_| {
+                    Error::new(ErrorKind::Io, "the fetching thread stopped").with_key(&self.key)
+                })??;
+                let decoded = self.decode_fetched(batch, &frames)?;
+                drop(frames);
+                let (first, last) = (batch[0], batch[batch.len() - 1]);
+                for (offset, buf) in jobs.iter_mut() {
+                    let touched = self.touched(&(*offset..*offset + buf.len() as u64));
+                    for i in touched.start.max(first)..touched.end.min(last + 1) {
+                        if let Ok(at) = batch.binary_search(&i) {
+                            copy_overlap(self.frames[i].at, &decoded[at], *offset, buf);
+                        }
                     }
                 }
             }
-            batch.clear();
-            batch_len = 0;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Each frame the range touches, decoded in turn.

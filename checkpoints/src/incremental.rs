@@ -4,15 +4,16 @@
 //! bytes instead. Before it refers to anything, the save announces what it may refer to, so
 //! a gc running meanwhile keeps it (the protocol is on [`Checkpoints::gc`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Instant;
 
 use weightbay::checksum::{crc32c, crc32c_append, crc32c_combine};
-use weightbay::codec::{Codec, Elements, MAX_ENCODED_LOGICAL_LEN, encode_planes};
+use weightbay::codec::{Codec, Elements};
 use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Sink, StorageExt, Writer};
 
 use crate::checkpoints::Checkpoints;
 use crate::content::{Cut, DEFAULT_CHUNK_LEN, cut, hash_all, hex, xxh3_128};
+use crate::encoders::{Encoded, Encoders};
 use crate::layout;
 use crate::record::{
     ANNOUNCEMENT_VERSION, Announcement, CommitRecord, Encoding, PieceRecord, Pieces, encode,
@@ -354,11 +355,26 @@ pub(crate) struct DeltaSink<'a> {
     written: u64,
     /// The piece being decided, as it streams.
     buffer: Vec<u8>,
-    /// The encoded piece being written, kept from piece to piece.
-    frame: Vec<u8>,
+    /// For a save that compresses: the workers encoding its pieces, the pieces on their way
+    /// out in the container's order, and buffers the workers gave back.
+    encoders: Option<Encoders>,
+    queue: VecDeque<Queued>,
+    spare: Vec<Vec<u8>>,
     /// The CRC32C of the piece being written.
     crc: u32,
     pieces: Vec<PieceRecord>,
+}
+
+/// A piece of a compressed save on its way out, in the container's order.
+enum Queued {
+    /// Decided: its record.
+    Done(PieceRecord),
+    /// With a worker: the number to take it back by, and what its record needs.
+    Encoding {
+        seq: u64,
+        hash: u128,
+        tensor: Option<String>,
+    },
 }
 
 impl<'a> DeltaSink<'a> {
@@ -371,6 +387,7 @@ impl<'a> DeltaSink<'a> {
         names: Vec<String>,
         elements: Option<Vec<Elements>>,
     ) -> Self {
+        let encoders = elements.as_ref().map(|_| Encoders::new());
         Self {
             inner,
             stored_key,
@@ -383,14 +400,18 @@ impl<'a> DeltaSink<'a> {
             position: 0,
             written: 0,
             buffer: Vec::new(),
-            frame: Vec::new(),
+            encoders,
+            queue: VecDeque::new(),
+            spare: Vec::new(),
             crc: 0,
             pieces: Vec::new(),
         }
     }
 
-    /// Every piece, once the whole container has streamed in: the commit record's list.
-    pub(crate) fn pieces(&self) -> Result<&[PieceRecord]> {
+    /// Every piece, once the whole container has streamed in (and every encoded one is
+    /// written): the commit record's list.
+    pub(crate) fn pieces(&mut self) -> Result<&[PieceRecord]> {
+        self.drain(true)?;
         if self.next != self.cuts.len() {
             return Err(Error::new(
                 ErrorKind::Io,
@@ -404,8 +425,9 @@ impl<'a> DeltaSink<'a> {
         Ok(&self.pieces)
     }
 
-    /// Commits the stored container.
-    pub(crate) fn commit(self) -> Result<()> {
+    /// Commits the stored container, once every encoded piece is written.
+    pub(crate) fn commit(mut self) -> Result<()> {
+        self.drain(true)?;
         self.inner.commit()
     }
 
@@ -419,53 +441,120 @@ impl<'a> DeltaSink<'a> {
         let len = piece.range.end - piece.range.start;
         let tensor = self.tensor(&piece);
         let record = match std::mem::replace(&mut self.decisions[self.next], Decision::Decide) {
-            Decision::Reuse(base) => PieceRecord { tensor, ..base },
-            Decision::Write(hash) if self.elements.is_none() => {
-                self.written_piece(len, hash, tensor, None)
+            Decision::Reuse(base) => Some(PieceRecord { tensor, ..base }),
+            Decision::Write(hash) if self.encoders.is_none() => {
+                Some(self.written_piece(len, hash, tensor, None))
             }
             Decision::Write(hash) => self.store(&piece, hash, tensor)?,
             Decision::Decide => {
                 let hash = xxh3_128(&self.buffer);
                 match self.base.find(&piece.range, &hex(hash)) {
-                    Some(base) => PieceRecord {
+                    Some(base) => Some(PieceRecord {
                         tensor,
                         ..base.clone()
-                    },
+                    }),
                     None => self.store(&piece, hash, tensor)?,
                 }
             }
         };
+        match (record, &self.encoders) {
+            (Some(record), None) => self.pieces.push(record),
+            (Some(record), Some(_)) => self.queue.push_back(Queued::Done(record)),
+            (None, _) => {}
+        }
         self.buffer.clear();
-        self.pieces.push(record);
         self.crc = 0;
         self.next += 1;
+        self.drain(false)
+    }
+
+    /// Writes the buffered piece `piece` and returns its record or, for a save that
+    /// compresses, hands it to a worker and queues it.
+    fn store(
+        &mut self,
+        piece: &Cut,
+        hash: u128,
+        tensor: Option<String>,
+    ) -> Result<Option<PieceRecord>> {
+        let Some(elements) = &self.elements else {
+            self.crc = crc32c(&self.buffer);
+            self.inner.write(&self.buffer)?;
+            let len = self.buffer.len() as u64;
+            return Ok(Some(self.written_piece(len, hash, tensor, None)));
+        };
+        let elements = match &piece.tensor {
+            Some((index, _)) => elements[*index],
+            None => Elements::BYTES,
+        };
+        // Waits for the oldest piece out when as many are out as may be.
+        self.drain(false)?;
+        let logical = std::mem::replace(&mut self.buffer, self.spare.pop().unwrap_or_default());
+        let frame = self.spare.pop().unwrap_or_default();
+        let encoders = self
+            .encoders
+            .as_mut()
+            .expect("a save that compresses has workers");
+        let seq = encoders.submit(logical, frame, elements)?;
+        self.queue.push_back(Queued::Encoding { seq, hash, tensor });
+        Ok(None)
+    }
+
+    /// Moves the queue's decided pieces to the record, writing encoded ones in order as their
+    /// workers finish: waiting for each when `all`, or for the oldest when as many are out as
+    /// may be, otherwise only as far as they are done.
+    fn drain(&mut self, all: bool) -> Result<()> {
+        while let Some(front) = self.queue.front() {
+            let seq = match front {
+                Queued::Done(_) => None,
+                Queued::Encoding { seq, .. } => Some(*seq),
+            };
+            let Some(seq) = seq else {
+                if let Some(Queued::Done(record)) = self.queue.pop_front() {
+                    self.pieces.push(record);
+                }
+                continue;
+            };
+            let encoders = self.encoders.as_mut().expect("queued pieces have workers");
+            let wait = all || encoders.is_full();
+            let Some(encoded) = encoders.take(seq, wait) else {
+                return Ok(());
+            };
+            let Some(Queued::Encoding { hash, tensor, .. }) = self.queue.pop_front() else {
+                unreachable!("the front was an encoding piece");
+            };
+            self.write_encoded(encoded?, hash, tensor)?;
+        }
         Ok(())
     }
 
-    /// Writes the buffered piece `piece`, encoded when this save compresses and that makes
-    /// it smaller.
-    fn store(&mut self, piece: &Cut, hash: u128, tensor: Option<String>) -> Result<PieceRecord> {
-        let len = self.buffer.len() as u64;
-        self.crc = crc32c(&self.buffer);
-        let elements = match (&self.elements, &piece.tensor) {
-            (Some(elements), Some((index, _))) => Some(elements[*index]),
-            (Some(_), None) => Some(Elements::BYTES),
-            (None, _) => None,
+    /// Writes a piece a worker is done with, its frame where it shrank, and records it.
+    fn write_encoded(
+        &mut self,
+        encoded: Encoded,
+        hash: u128,
+        tensor: Option<String>,
+    ) -> Result<()> {
+        let len = encoded.logical.len() as u64;
+        self.crc = encoded.crc32c;
+        let encoding = if encoded.shrank {
+            self.inner.write(&encoded.frame)?;
+            Some(Encoding {
+                codec: Codec::Planes.name().to_owned(),
+                len: encoded.frame.len() as u64,
+                crc32c: crc32c(&encoded.frame),
+            })
+        } else {
+            self.inner.write(&encoded.logical)?;
+            None
         };
-        let encoded = elements.is_some_and(|elements| {
-            len <= MAX_ENCODED_LOGICAL_LEN && encode_planes(&self.buffer, elements, &mut self.frame)
-        });
-        if !encoded {
-            self.inner.write(&self.buffer)?;
-            return Ok(self.written_piece(len, hash, tensor, None));
-        }
-        self.inner.write(&self.frame)?;
-        let encoding = Encoding {
-            codec: Codec::Planes.name().to_owned(),
-            len: self.frame.len() as u64,
-            crc32c: crc32c(&self.frame),
-        };
-        Ok(self.written_piece(len, hash, tensor, Some(encoding)))
+        let record = self.written_piece(len, hash, tensor, encoding);
+        self.pieces.push(record);
+        self.crc = 0;
+        let (mut logical, mut frame) = (encoded.logical, encoded.frame);
+        logical.clear();
+        frame.clear();
+        self.spare.extend([logical, frame]);
+        Ok(())
     }
 
     /// The record of a piece of `len` bytes just written, at [`written`](Self::written).
@@ -521,7 +610,7 @@ impl Sink for DeltaSink<'_> {
             match &self.decisions[self.next] {
                 Decision::Reuse(_) => {}
                 // Streamed through unless it is to be encoded, which takes the whole piece.
-                Decision::Write(_) if self.elements.is_none() => {
+                Decision::Write(_) if self.encoders.is_none() => {
                     self.inner.write(now)?;
                     self.crc = crc32c_append(self.crc, now);
                 }

@@ -87,6 +87,7 @@ mod checkpoints;
 mod content;
 mod copy;
 mod decoded;
+mod encoders;
 mod export;
 mod following;
 mod in_flight;

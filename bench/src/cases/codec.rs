@@ -40,7 +40,7 @@ print(json.dumps({"size": size, "compress": compress, "decompress": decompress})
 "#;
 
 /// Weights of `dtype` (`BF16` or `F32`) spread like trained ones, `len` bytes.
-fn weights(dtype: &DType, len: usize) -> Vec<u8> {
+pub(crate) fn weights(dtype: &DType, len: usize) -> Vec<u8> {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut uniform = move || {
         state ^= state << 13;

@@ -4,6 +4,7 @@ pub(crate) mod burn;
 pub(crate) mod candle;
 pub(crate) mod codec;
 pub(crate) mod cold_start;
+pub(crate) mod compressed;
 pub(crate) mod device;
 pub(crate) mod encode;
 pub(crate) mod export;
