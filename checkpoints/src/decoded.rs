@@ -1,12 +1,12 @@
 //! Encoded pieces read as their bytes: a [`Source`] over the encoded pieces of one stored
 //! container, their decoded bytes laid end to end in the order they were added. Each piece is
 //! fetched whole, its stored bytes checked against their CRC32C before they are decoded, and
-//! decoded into memory; the pieces a read needs are fetched in one batch per
-//! [`BATCH_LEN`] of decoded bytes, the next batch fetched while this one is decoded on every
-//! core.
+//! decoded into memory; the pieces a read needs are fetched in batches of [`BATCH_LEN`]
+//! decoded bytes, as many at once as the source reads ahead, each decoded on every core as it
+//! arrives.
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use weightbay::backend_kit::{check_jobs, check_ranges};
 use weightbay::checksum::crc32c;
@@ -15,9 +15,11 @@ use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Source};
 
 use crate::record::{Encoding, PieceRecord};
 
-/// The decoded bytes one batch holds at most (beyond one piece): a read's memory beyond its
-/// own buffers.
-const BATCH_LEN: u64 = 64 << 20;
+/// The decoded bytes of one batch of frames, at most (beyond one piece).
+const BATCH_LEN: u64 = 16 << 20;
+
+/// Threads fetching batches ahead, at most: the connections of a store that are busy at once.
+const MAX_FETCHERS: usize = 16;
 
 /// The decoded view of one stored container's encoded pieces.
 #[derive(Debug)]
@@ -26,6 +28,9 @@ pub(crate) struct Decoded {
     stored: Arc<dyn Source>,
     frames: Vec<Frame>,
     len: u64,
+    /// Buffers decoded frames were copied out of, kept for the next: fresh ones cost more in
+    /// page faults than the decoding.
+    spare: Mutex<Vec<Vec<u8>>>,
 }
 
 /// One encoded piece: `len` decoded bytes at `at` of the view, from `stored_len` bytes at
@@ -50,6 +55,7 @@ impl Decoded {
             stored,
             frames: Vec::new(),
             len: 0,
+            spare: Mutex::new(Vec::new()),
         }
     }
 
@@ -164,7 +170,14 @@ impl Decoded {
                 .with_key(&self.key));
             }
             // The length was checked against the limit when the frame was added.
-            let mut decoded = vec![0; frame.len as usize];
+            let mut decoded = self
+                .spare
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop()
+                .unwrap_or_default();
+            decoded.clear();
+            decoded.resize(frame.len as usize, 0);
             frame.codec.decode(stored, &mut decoded).map_err(|e| {
                 Error::new(
                     e.kind(),
@@ -257,21 +270,32 @@ impl Source for Decoded {
             batches.last_mut().expect("a batch was started").push(i);
             batch_len += self.frames[i].len;
         }
-        // The next batch is fetched while this one is decoded, so the store's connections
-        // stay busy: at most two batches are held.
+        // Batches are fetched ahead on threads of their own, as many as the source's
+        // read-ahead budget holds (an object store's: its connections stay busy), one for a
+        // source without one; each thread hands its batch over in turn and only then fetches
+        // its next, so at most two batches a thread are held.
+        let fetchers = usize::try_from(self.stored.fetch_ahead() / BATCH_LEN)
+            .unwrap_or(MAX_FETCHERS)
+            .clamp(1, MAX_FETCHERS)
+            .min(batches.len().max(1));
         std::thread::scope(|scope| {
-            let (fetched, arrived) = std::sync::mpsc::sync_channel(0);
-            let batches = &batches;
-            scope.spawn(move || {
-                for batch in batches {
-                    if fetched.send(self.fetch_frames(batch)).is_err() {
-                        return;
-                    }
-                }
-            });
-            for batch in batches {
-                let frames = arrived.recv().map_err(|_| {
-                    Error::new(ErrorKind::Io, "the fetching thread stopped").with_key(&self.key)
+            let arrivals: Vec<_> = (0..fetchers)
+                .map(|first| {
+                    let (fetched, arrived) = std::sync::mpsc::sync_channel(0);
+                    let batches = &batches;
+                    scope.spawn(move || {
+                        for batch in batches.iter().skip(first).step_by(fetchers) {
+                            if fetched.send(self.fetch_frames(batch)).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    arrived
+                })
+                .collect();
+            for (index, batch) in batches.iter().enumerate() {
+                let frames = arrivals[index % fetchers].recv().map_err(|_| {
+                    Error::new(ErrorKind::Io, "a fetching thread stopped").with_key(&self.key)
                 })??;
                 let decoded = self.decode_fetched(batch, &frames)?;
                 drop(frames);
@@ -284,6 +308,10 @@ impl Source for Decoded {
                         }
                     }
                 }
+                let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+                spare.extend(decoded);
+                // A batch's worth is all the next one needs.
+                spare.truncate(batch.len());
             }
             Ok(())
         })
