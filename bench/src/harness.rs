@@ -249,3 +249,23 @@ impl Table {
         Ok(time)
     }
 }
+
+/// What a peer written in Python printed, run as `WEIGHTBAY_PYTHON -c script args…` (default
+/// `python3`), or why it did not run: its last line on standard error when it failed.
+pub(crate) fn python_peer(
+    script: &str,
+    args: &[&dyn AsRef<std::ffi::OsStr>],
+) -> std::result::Result<String, String> {
+    let python = std::env::var("WEIGHTBAY_PYTHON").unwrap_or_else(|_| "python3".into());
+    let output = std::process::Command::new(&python)
+        .args(["-c", script])
+        .args(args.iter().map(|arg| arg.as_ref()))
+        .output()
+        .map_err(|e| format!("{python} did not start: {e}"))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.lines().last().unwrap_or_default().to_owned();
+        return Err(format!("{python} failed: {last}"));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}

@@ -124,7 +124,14 @@ impl Decoded {
     /// against its stored CRC32C and decodes them, on every core.
     fn decode(&self, indices: &[usize]) -> Result<Vec<Vec<u8>>> {
         let fetched = self.fetch_frames(indices)?;
-        self.decode_fetched(indices, &fetched)
+        let work = indices
+            .iter()
+            .zip(&fetched)
+            .map(|(&i, b)| (i, b, None))
+            .collect();
+        let mut decoded = self.decode_fetched(work)?;
+        decoded.sort_unstable_by_key(|(i, _)| *i);
+        Ok(decoded.into_iter().map(|(_, bytes)| bytes).collect())
     }
 
     /// The stored bytes of frames `indices`, in one batched read of the stored container.
@@ -147,10 +154,14 @@ impl Decoded {
         Ok(fetched)
     }
 
-    /// Frames `indices`, fetched, checked against their stored CRC32C and decoded on every
-    /// core.
-    fn decode_fetched(&self, indices: &[usize], fetched: &[Bytes]) -> Result<Vec<Vec<u8>>> {
-        let one = |(&i, bytes): (&usize, &Bytes)| -> Result<Vec<u8>> {
+    /// Frames fetched, each checked against its stored CRC32C and decoded on every core:
+    /// into its target where it has one (the memory of the one read that wants all of it),
+    /// else into a buffer of its own, returned with the frame's index.
+    fn decode_fetched(
+        &self,
+        work: Vec<(usize, &Bytes, Option<&mut [u8]>)>,
+    ) -> Result<Vec<(usize, Vec<u8>)>> {
+        let one = |(i, bytes, target): (usize, &Bytes, Option<&mut [u8]>)| -> Result<Option<(usize, Vec<u8>)>> {
             let frame = &self.frames[i];
             let stored = bytes.read(AccessPolicy::AllowCopy)?;
             let crc = crc32c(stored);
@@ -169,6 +180,18 @@ impl Decoded {
                 )
                 .with_key(&self.key));
             }
+            let failed = |e: Error| {
+                Error::new(
+                    e.kind(),
+                    format!("the encoded piece of {} at {}", frame.what, frame.offset),
+                )
+                .with_key(&self.key)
+                .with_source(e)
+            };
+            if let Some(target) = target {
+                frame.codec.decode(stored, target).map_err(failed)?;
+                return Ok(None);
+            }
             // The length was checked against the limit when the frame was added.
             let mut decoded = self
                 .spare
@@ -178,39 +201,101 @@ impl Decoded {
                 .unwrap_or_default();
             decoded.clear();
             decoded.resize(frame.len as usize, 0);
-            frame.codec.decode(stored, &mut decoded).map_err(|e| {
-                Error::new(
-                    e.kind(),
-                    format!("the encoded piece of {} at {}", frame.what, frame.offset),
-                )
-                .with_key(&self.key)
-                .with_source(e)
-            })?;
-            Ok(decoded)
+            frame.codec.decode(stored, &mut decoded).map_err(failed)?;
+            Ok(Some((i, decoded)))
         };
-        let work: Vec<(&usize, &Bytes)> = indices.iter().zip(fetched).collect();
         let threads = std::thread::available_parallelism()
             .map_or(1, usize::from)
             .min(work.len())
             .max(1);
         if threads == 1 {
-            return work.into_iter().map(one).collect();
-        }
-        let share = work.len().div_ceil(threads);
-        std::thread::scope(|scope| {
-            let workers: Vec<_> = work
-                .chunks(share)
-                .map(|chunk| scope.spawn(move || chunk.iter().map(|&w| one(w)).collect()))
+            return work
+                .into_iter()
+                .filter_map(|w| one(w).transpose())
                 .collect();
-            let mut decoded = Vec::with_capacity(work.len());
+        }
+        // Each thread takes every `threads`-th frame, so large and small ones spread evenly.
+        let mut shares: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+        for (n, item) in work.into_iter().enumerate() {
+            shares[n % threads].push(item);
+        }
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = shares
+                .into_iter()
+                .map(|share| {
+                    scope.spawn(move || {
+                        share
+                            .into_iter()
+                            .filter_map(|w| one(w).transpose())
+                            .collect::<Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            let mut decoded = Vec::new();
             for worker in workers {
-                let part: Result<Vec<Vec<u8>>> = worker.join().unwrap_or_else(|_| {
+                let part = worker.join().unwrap_or_else(|_| {
                     Err(Error::new(ErrorKind::Io, "a decoding thread panicked"))
                 });
                 decoded.extend(part?);
             }
             Ok(decoded)
         })
+    }
+
+    /// Decodes `batch`, fetched as `fetched`, into `jobs`: a frame one job wants all of, and
+    /// no other job wants, straight into that job's memory; any other into a buffer, then
+    /// copied to every job that wants part of it.
+    fn decode_batch(
+        &self,
+        batch: &[usize],
+        fetched: &[Bytes],
+        jobs: &mut [(u64, &mut [u8])],
+    ) -> Result<()> {
+        let (first, last) = (batch[0], batch[batch.len() - 1]);
+        let in_batch = |range: Range<u64>| {
+            let touched = self.touched(&range);
+            (touched.start.max(first)..touched.end.min(last + 1))
+                .filter_map(|i| batch.binary_search(&i).ok().map(|at| (i, at)))
+        };
+        let mut wanted_by = vec![0u32; batch.len()];
+        for (offset, buf) in jobs.iter() {
+            for (_, at) in in_batch(*offset..*offset + buf.len() as u64) {
+                wanted_by[at] += 1;
+            }
+        }
+        let mut targets: Vec<Option<&mut [u8]>> = (0..batch.len()).map(|_| None).collect();
+        for (offset, buf) in jobs.iter_mut() {
+            let end = *offset + buf.len() as u64;
+            let (mut rest, mut rest_at): (&mut [u8], u64) = (&mut **buf, *offset);
+            for (i, at) in in_batch(*offset..end) {
+                let frame = &self.frames[i];
+                if wanted_by[at] != 1 || frame.at < rest_at || frame.at + frame.len > end {
+                    continue;
+                }
+                let (_, tail) =
+                    std::mem::take(&mut rest).split_at_mut((frame.at - rest_at) as usize);
+                let (target, tail) = tail.split_at_mut(frame.len as usize);
+                (rest, rest_at) = (tail, frame.at + frame.len);
+                targets[at] = Some(target);
+            }
+        }
+        let work = batch
+            .iter()
+            .zip(fetched)
+            .zip(targets)
+            .map(|((&i, bytes), target)| (i, bytes, target))
+            .collect();
+        let decoded = self.decode_fetched(work)?;
+        for (i, bytes) in &decoded {
+            for (offset, buf) in jobs.iter_mut() {
+                copy_overlap(self.frames[*i].at, bytes, *offset, buf);
+            }
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        spare.extend(decoded.into_iter().map(|(_, bytes)| bytes));
+        // A batch's worth is all the next one needs.
+        spare.truncate(batch.len());
+        Ok(())
     }
 }
 
@@ -297,21 +382,7 @@ impl Source for Decoded {
                 let frames = arrivals[index % fetchers].recv().map_err(|_| {
                     Error::new(ErrorKind::Io, "a fetching thread stopped").with_key(&self.key)
                 })??;
-                let decoded = self.decode_fetched(batch, &frames)?;
-                drop(frames);
-                let (first, last) = (batch[0], batch[batch.len() - 1]);
-                for (offset, buf) in jobs.iter_mut() {
-                    let touched = self.touched(&(*offset..*offset + buf.len() as u64));
-                    for i in touched.start.max(first)..touched.end.min(last + 1) {
-                        if let Ok(at) = batch.binary_search(&i) {
-                            copy_overlap(self.frames[i].at, &decoded[at], *offset, buf);
-                        }
-                    }
-                }
-                let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
-                spare.extend(decoded);
-                // A batch's worth is all the next one needs.
-                spare.truncate(batch.len());
+                self.decode_batch(batch, &frames, jobs)?;
             }
             Ok(())
         })

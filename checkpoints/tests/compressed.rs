@@ -3,12 +3,14 @@
 //! a flipped stored bit is caught by the stored CRC32C before it is decoded, an unknown codec
 //! is `Unsupported` by name, and a piece claiming a huge length allocates nothing.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use weightbay::{
     CreateOptions, DType, Durability, ErrorKind, MemoryStorage, Storage, Tensor, WriteMode, Writer,
 };
+mod common;
+
+use common::{contents, expected};
 use weightbay_checkpoints::{Checkpoints, SaveOptions};
 
 /// bf16 and f32 tensors spread like trained weights (a triangle around zero, a scale per
@@ -32,23 +34,6 @@ fn model(seed: u32, elements: usize) -> Vec<Tensor> {
                 Tensor::from_slice(format!("f32.{t}"), [elements as u64], &values)
             }
         })
-        .collect()
-}
-
-fn expected(tensors: &[Tensor]) -> BTreeMap<String, Vec<u8>> {
-    tensors
-        .iter()
-        .map(|t| (t.name().to_owned(), t.bytes().unwrap().to_vec().unwrap()))
-        .collect()
-}
-
-fn contents(checkpoints: &Checkpoints, step: u64) -> BTreeMap<String, Vec<u8>> {
-    let reader = checkpoints.open(step).unwrap().reader().unwrap();
-    reader
-        .load_all()
-        .unwrap()
-        .into_iter()
-        .map(|(info, bytes)| (info.name().to_owned(), bytes.to_vec().unwrap()))
         .collect()
 }
 

@@ -12,6 +12,9 @@ use weightbay::{
     CreateOptions, DType, ErrorKind, Format, Listed, MemoryStorage, Sink, Source, Storage, Tensor,
     Writer,
 };
+mod common;
+
+use common::{contents, expected};
 use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions, StepState};
 
 /// A model of `tensors` named `t0…`, each `len` bytes, tensor `i` filled from `seeds[i]`.
@@ -36,18 +39,6 @@ fn model(seeds: &[u8], len: usize) -> Vec<Tensor> {
         .collect()
 }
 
-/// Every tensor's bytes, by name, read through the checkpoint's reader.
-fn contents(checkpoints: &Checkpoints, step: u64) -> BTreeMap<String, Vec<u8>> {
-    let checkpoint = checkpoints.open(step).unwrap();
-    let reader = checkpoint.reader().unwrap();
-    reader
-        .load_all()
-        .unwrap()
-        .into_iter()
-        .map(|(info, bytes)| (info.name().to_owned(), bytes.to_vec().unwrap()))
-        .collect()
-}
-
 /// Every key stored under `prefix`.
 fn keys_under(storage: &MemoryStorage, prefix: &str) -> Vec<String> {
     storage
@@ -55,13 +46,6 @@ fn keys_under(storage: &MemoryStorage, prefix: &str) -> Vec<String> {
         .unwrap()
         .into_iter()
         .map(|l| l.key)
-        .collect()
-}
-
-fn expected(tensors: &[Tensor]) -> BTreeMap<String, Vec<u8>> {
-    tensors
-        .iter()
-        .map(|t| (t.name().to_owned(), t.bytes().unwrap().to_vec().unwrap()))
         .collect()
 }
 

@@ -14,7 +14,7 @@ use weightbay::codec::{Codec, Elements, encode_planes};
 use weightbay::{DType, Error, ErrorKind, Result};
 
 use crate::context::Bench;
-use crate::harness::{io, median, seconds, timed};
+use crate::harness::{io, median, python_peer, seconds, timed};
 use crate::report::{Row, gib_per_s};
 
 /// The pieces a compressed save cuts tensors into.
@@ -83,21 +83,10 @@ fn zipnn(
     dtype: &str,
     runs: usize,
 ) -> std::result::Result<(u64, Vec<Duration>, Vec<Duration>), String> {
-    let python = std::env::var("WEIGHTBAY_PYTHON").unwrap_or_else(|_| "python3".into());
-    let output = std::process::Command::new(&python)
-        .args(["-c", ZIPNN_PEER])
-        .arg(path)
-        .arg(dtype)
-        .arg(runs.to_string())
-        .output()
-        .map_err(|e| format!("{python} did not start: {e}"))?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr.lines().last().unwrap_or_default().to_owned();
-        return Err(format!("{python} failed: {last}"));
-    }
+    let runs = runs.to_string();
+    let printed = python_peer(ZIPNN_PEER, &[&path, &dtype, &runs])?;
     let report: serde_json::Value =
-        serde_json::from_slice(&output.stdout).map_err(|e| format!("no report: {e}"))?;
+        serde_json::from_str(&printed).map_err(|e| format!("no report: {e}"))?;
     let times = |name: &str| -> Vec<Duration> {
         report[name]
             .as_array()

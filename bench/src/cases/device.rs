@@ -20,7 +20,7 @@ use weightbay::{
 
 use crate::context::Bench;
 use crate::cuda::{Cuda, DeviceMemory, Event};
-use crate::harness::{Start, paired, timed};
+use crate::harness::{Start, paired, python_peer, timed};
 use crate::report::Row;
 
 /// The pool: as many reads in flight as buffers, and at most half the buffers held by copies.
@@ -151,22 +151,11 @@ fn check_device_bytes(
 
 /// The torch peer's own time for one load, or why it cannot run.
 fn torch_peer(path: &std::path::Path) -> std::result::Result<Duration, String> {
-    let python = std::env::var("WEIGHTBAY_PYTHON").unwrap_or_else(|_| "python3".into());
-    let output = std::process::Command::new(&python)
-        .args(["-c", TORCH_PEER])
-        .arg(path)
-        .output()
-        .map_err(|e| format!("{python} did not start: {e}"))?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr.lines().last().unwrap_or_default().to_owned();
-        return Err(format!("{python} failed: {last}"));
-    }
-    String::from_utf8_lossy(&output.stdout)
+    python_peer(TORCH_PEER, &[&path])?
         .trim()
         .parse::<f64>()
         .map(Duration::from_secs_f64)
-        .map_err(|e| format!("{python} printed no time: {e}"))
+        .map_err(|e| format!("the torch peer printed no time: {e}"))
 }
 
 pub(crate) fn device_cases(b: &mut Bench<'_>) -> Result<()> {

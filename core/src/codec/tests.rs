@@ -37,6 +37,21 @@ fn weights(seeds: &[u32], scale: f32, width: usize) -> Vec<u8> {
         .collect()
 }
 
+/// `elements` bf16 weights and their frame.
+fn bf16_piece(elements: u32) -> (Vec<u8>, Vec<u8>) {
+    let seeds: Vec<u32> = (0..elements)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let logical = weights(&seeds, 0.04, 2);
+    let mut stored = Vec::new();
+    assert!(encode_planes(
+        &logical,
+        Elements::of(&DType::BF16),
+        &mut stored
+    ));
+    (logical, stored)
+}
+
 fn round_trip(logical: &[u8], elements: Elements) -> Option<usize> {
     let mut stored = Vec::new();
     if !encode_planes(logical, elements, &mut stored) {
@@ -126,16 +141,7 @@ fn zeros_and_noise_take_their_cheapest_form() {
 
 #[test]
 fn a_frame_longer_or_shorter_than_the_piece_is_refused() {
-    let seeds: Vec<u32> = (0..4000u32)
-        .map(|i| i.wrapping_mul(2_654_435_761))
-        .collect();
-    let logical = weights(&seeds, 0.04, 2);
-    let mut stored = Vec::new();
-    assert!(encode_planes(
-        &logical,
-        Elements::of(&DType::BF16),
-        &mut stored
-    ));
+    let (logical, stored) = bf16_piece(4000);
     for len in [logical.len() - 2, logical.len() + 2] {
         let mut back = vec![0; len];
         let err = Codec::Planes.decode(&stored, &mut back).unwrap_err();
@@ -185,16 +191,7 @@ fn a_float_s_exponent_plane_takes_the_whole_exponent() {
 
 #[test]
 fn flags_a_frame_cannot_have_are_refused() {
-    let seeds: Vec<u32> = (0..4000u32)
-        .map(|i| i.wrapping_mul(2_654_435_761))
-        .collect();
-    let logical = weights(&seeds, 0.04, 2);
-    let mut stored = Vec::new();
-    assert!(encode_planes(
-        &logical,
-        Elements::of(&DType::BF16),
-        &mut stored
-    ));
+    let (logical, mut stored) = bf16_piece(4000);
     stored[1] = 0x81;
     let mut back = vec![0; logical.len()];
     let err = Codec::Planes.decode(&stored, &mut back).unwrap_err();
