@@ -119,6 +119,10 @@ pub(crate) const CASES: &[Case] = &[
         ],
         cases::compressed::compressed_cases,
     ),
+    (
+        &["compressed chain storage"],
+        cases::compressed::chain_cases,
+    ),
 ];
 
 fn run(args: &Args) -> Result<()> {

@@ -1,14 +1,15 @@
 //! Compressed saves and cold loads through the capped store (the remote cases' `SlowStore`:
 //! 20 ms to first byte, 100 MiB/s a connection, 16 connections), each paired with the same
-//! save or load uncompressed, and set against what the link carries of the raw bytes.
+//! save or load uncompressed, and set against what the link carries of the raw bytes; and the
+//! storage a chain of 100 compressed incremental saves holds, against the same uncompressed.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
-use weightbay::{AllocationProperty, Bytes, DType, Result, Storage, Tensor, Writer};
-use weightbay_checkpoints::{Checkpoints, SaveOptions};
+use weightbay::{AllocationProperty, Bytes, DType, MemoryStorage, Result, Storage, Tensor, Writer};
+use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions};
 use weightbay_object_store::ObjectStoreOptions;
 
 use super::codec::weights;
@@ -29,17 +30,50 @@ fn model(len: usize) -> Vec<Tensor> {
     let drawn = bytes::Bytes::from(weights(&DType::BF16, DRAWN_LEN.min(len)));
     (0..len / TENSOR_LEN)
         .map(|i| {
-            let at = (i * TENSOR_LEN) % drawn.len();
-            let shared = drawn.slice(at..(at + TENSOR_LEN).min(drawn.len()));
-            let elements = shared.len() as u64 / 2;
-            Tensor::new(
+            bf16(
                 format!("layers.{i}.weight"),
-                DType::BF16,
-                [elements],
-                Bytes::from_shared(shared, AllocationProperty::Native),
+                &drawn,
+                i * TENSOR_LEN,
+                TENSOR_LEN,
             )
         })
         .collect()
+}
+
+/// A bf16 tensor of the `len` bytes of `drawn` from `at` (wrapping round).
+fn bf16(name: String, drawn: &bytes::Bytes, at: usize, len: usize) -> Tensor {
+    let at = at % (drawn.len() - len + 1);
+    let shared = drawn.slice(at..at + len);
+    Tensor::new(
+        name,
+        DType::BF16,
+        [len as u64 / 2],
+        Bytes::from_shared(shared, AllocationProperty::Native),
+    )
+}
+
+/// Adapter tensors a fine-tuning chain changes every step.
+const ADAPTERS: usize = 8;
+
+/// The bytes a chain of 100 saves holds in the end, each save followed by keep-last-5 and gc,
+/// the fine-tuning shape in weights drawn like trained ones: the model frozen, and
+/// [`ADAPTERS`] tensors of 1/400 of it each drawn anew every step.
+fn chain_storage(frozen: &[Tensor], drawn: &bytes::Bytes, options: SaveOptions) -> Result<u64> {
+    let storage = Arc::new(MemoryStorage::new());
+    let checkpoints = Checkpoints::over(Arc::clone(&storage) as Arc<dyn Storage>, "hundred");
+    let total: usize = frozen.iter().map(|t| t.byte_len() as usize).sum();
+    let adapter_len = total / 400 / 2 * 2;
+    for step in 1..=100usize {
+        let mut tensors = frozen.to_vec();
+        tensors.extend((0..ADAPTERS).map(|i| {
+            let at = (step * ADAPTERS + i) * (adapter_len + 4098);
+            bf16(format!("adapter.{i}"), drawn, at, adapter_len)
+        }));
+        checkpoints.save_with(step as u64, Writer::new(tensors), options.clone())?;
+        checkpoints.retain(&Retention::keep_last(5))?;
+        checkpoints.gc()?;
+    }
+    Ok(storage.list("hundred")?.iter().map(|l| l.len).sum())
 }
 
 /// A run's checkpoints over a fresh in-memory store behind the capped one.
@@ -124,6 +158,31 @@ pub(crate) fn compressed_cases(b: &mut Bench<'_>) -> Result<()> {
         "    the link's raw limit for these bytes: {:.2} s; the compressed load took {:.2}x it",
         link.as_secs_f64(),
         compressed.as_secs_f64() / link.as_secs_f64()
+    );
+    Ok(())
+}
+
+pub(crate) fn chain_cases(b: &mut Bench<'_>) -> Result<()> {
+    let len = ((b.args.size_mib as usize).min(256) << 20) / TENSOR_LEN * TENSOR_LEN;
+    let drawn = bytes::Bytes::from(weights(&DType::BF16, DRAWN_LEN));
+    let frozen: Vec<Tensor> = (0..len / TENSOR_LEN)
+        .map(|i| {
+            bf16(
+                format!("layers.{i}.weight"),
+                &drawn,
+                i * TENSOR_LEN,
+                TENSOR_LEN,
+            )
+        })
+        .collect();
+    let compressed = chain_storage(&frozen, &drawn, SaveOptions::compressed())?;
+    let plain = chain_storage(&frozen, &drawn, SaveOptions::incremental())?;
+    println!(
+        "  compressed chain storage: 100 saves of a {} MiB bf16 model, {ADAPTERS} adapters \
+         of 1/400 of it changing each step, keep-last-5 and gc after each: {compressed} \
+         bytes stored compressed, {plain} uncompressed = {:.3}x",
+        len >> 20,
+        compressed as f64 / plain as f64
     );
     Ok(())
 }
