@@ -620,8 +620,10 @@ fn copy_checkpoints(
     Ok(ExitCode::SUCCESS)
 }
 
-/// The `ls` table. A checkpoint written by several ranks shows their number; a step whose
-/// ranks are still writing (or died) shows which ranks' manifests are missing.
+/// The `ls` table: each step's bytes stored under its directory, the bytes of earlier steps
+/// it refers to, and the bytes it reads as (more than it stores when its pieces are
+/// compressed). A checkpoint written by several ranks shows their number; a step whose ranks
+/// are still writing (or died) shows which ranks' manifests are missing.
 fn ls_table(statuses: &[StepStatus]) -> String {
     // Steps without a record whose containers a recorded step's pieces lie in: retired by
     // retention, kept for those that refer to them.
@@ -632,18 +634,24 @@ fn ls_table(statuses: &[StepStatus]) -> String {
         }
     }
     let mut out = format!(
-        "{:>12}  {:<23}  {:>14}  {:>14}  {:<11}  {:>10}  {:>5}  state\n",
-        "step", "time", "bytes", "refers to", "format", "containers", "ranks"
+        "{:>12}  {:<23}  {:>14}  {:>14}  {:>14}  {:<11}  {:>10}  {:>5}  state\n",
+        "step", "time", "bytes", "refers to", "reads as", "format", "containers", "ranks"
     );
     for status in statuses {
-        let (time, format, containers, refers) = match &status.record {
+        let (time, format, containers, refers, reads_as) = match &status.record {
             Some(record) => (
                 target::utc(record.time_unix_ms),
                 escaped(&record.format).into_owned(),
                 record.containers.len().to_string(),
                 record.references().values().sum::<u64>().to_string(),
+                record
+                    .pieces
+                    .as_ref()
+                    .map_or_else(|| record.containers.iter().map(|c| c.len).sum(), |p| p.len)
+                    .to_string(),
             ),
             None => (
+                "-".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
@@ -707,7 +715,7 @@ fn ls_table(statuses: &[StepStatus]) -> String {
             },
         };
         out += &format!(
-            "{:>12}  {time:<23}  {:>14}  {refers:>14}  {format:<11}  {containers:>10}  {:>5}  {state}\n",
+            "{:>12}  {time:<23}  {:>14}  {refers:>14}  {reads_as:>14}  {format:<11}  {containers:>10}  {:>5}  {state}\n",
             status.step,
             status.stored_bytes,
             ranks.as_deref().unwrap_or("-")

@@ -653,6 +653,36 @@ fn commands_work_on_the_s3_and_azure_servers() {
     }
 }
 
+/// A compressed checkpoint: `ls` shows it stores fewer bytes than it reads as, and `verify`
+/// decodes every piece.
+#[test]
+fn a_compressed_checkpoint_lists_what_it_stores_and_reads_as() {
+    use weightbay_checkpoints::{Checkpoints, SaveOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoints = Checkpoints::new(weightbay_local::LocalStorage::new(dir.path()), "run");
+    // Small f32 values: their exponents few, so the pieces shrink.
+    let values: Vec<f32> = (0..1 << 18)
+        .map(|i| ((i * 7919) % 2001) as f32 * 1e-5 - 0.01)
+        .collect();
+    let writer = Writer::new(vec![Tensor::from_slice("w", [1 << 18], &values)]);
+    checkpoints
+        .save_with(1, writer, SaveOptions::compressed())
+        .unwrap();
+    let run = dir.path().join("run");
+    let run = run.to_str().unwrap();
+    let output = weightbay(&["ls", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains("reads as"), "{stdout}");
+    // step, date, time, UTC, bytes, refers to, reads as, …
+    let line = line_of(&stdout, "1");
+    let column = |n: usize| -> u64 { line.split_whitespace().nth(n).unwrap().parse().unwrap() };
+    assert!(column(4) * 10 < column(6) * 9, "{stdout}");
+    let output = weightbay(&["verify", run]);
+    let (stdout, stderr) = text(&output);
+    assert!(output.status.success(), "{stdout}{stderr}");
+}
+
 /// Incremental checkpoints on the command line: `ls` shows what each stored and refers to,
 /// `verify` follows the references, `gc --dry-run` says which step keeps a retired
 /// checkpoint's container, and `cp --materialize` writes one self-contained container.
