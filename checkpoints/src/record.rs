@@ -78,7 +78,9 @@ impl CommitRecord {
         let mut references = BTreeMap::new();
         for piece in self.pieces.iter().flat_map(|p| &p.list) {
             if !piece.key.starts_with(&own) {
-                *references.entry(piece.key.clone()).or_default() += piece.stored_len();
+                // Lengths come from storage: a planted record's cannot overflow the sum.
+                let bytes = references.entry(piece.key.clone()).or_default();
+                *bytes = u64::saturating_add(*bytes, piece.stored_len());
             }
         }
         references

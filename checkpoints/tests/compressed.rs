@@ -226,3 +226,35 @@ fn a_copy_of_a_compressed_checkpoint_is_the_container_itself() {
     assert_eq!(contents(&elsewhere, 1), expected(&tensors));
     elsewhere.open(1).unwrap().verify().unwrap();
 }
+
+#[test]
+fn stored_lengths_a_planted_record_claims_overflow_nothing() {
+    let storage = Arc::new(MemoryStorage::new());
+    let checkpoints = Checkpoints::over(storage.clone(), "run");
+    checkpoints
+        .save_with(1, Writer::new(model(7, 20_000)), SaveOptions::compressed())
+        .unwrap();
+    // Every encoded piece moved into another step's container, each claiming nearly 2^64
+    // stored bytes: their sum does not fit.
+    edit_record(&storage, |record| {
+        for piece in record["pieces"]["list"].as_array_mut().unwrap() {
+            if piece.get("encoding").is_some() {
+                piece["key"] = "step-0/planted/pieces.bin".into();
+                piece["encoding"]["len"] = (u64::MAX - 1).into();
+            }
+        }
+    });
+    // Opening refuses it (its containers are missing); the listing reports it damaged, and
+    // what its record says it refers to sums without overflowing.
+    let listed = checkpoints.list().unwrap();
+    assert!(
+        matches!(
+            listed[0].state,
+            weightbay_checkpoints::StepState::Damaged(_)
+        ),
+        "{listed:?}"
+    );
+    let record = listed[0].record.as_ref().unwrap();
+    let referenced: u64 = record.references().into_values().sum();
+    assert_eq!(referenced, u64::MAX);
+}
