@@ -1,7 +1,8 @@
 //! Export to the Hugging Face layout: the tensors of any checkpoint, container or sharded set
 //! as `model-0000k-of-0000N.safetensors` shards and `model.safetensors.index.json`, which
-//! transformers, candle and vLLM load. Each shard streams (one tensor in memory at a time,
-//! assembled from rank slices as it is read), and the index is written last, with create-new:
+//! transformers, candle and vLLM load. Each shard streams: tensors are read in pieces, many at
+//! once ahead of the writer, each assembled from the rank slices that hold it, so memory is a
+//! budget of pieces, not the largest tensor. The index is written last, with create-new:
 //! until it exists the directory holds no loadable model, so an export killed at any moment
 //! leaves nothing a loader takes for complete, and a rerun finishes it.
 
@@ -11,12 +12,14 @@ use std::sync::atomic::AtomicBool;
 
 use weightbay::checksum::crc32c_append;
 use weightbay::{
-    AccessPolicy, ByteLen, Bytes, CreateOptions, DType, Durability, Error, ErrorKind, Format,
-    Reader, Result, SHARD_CHECKSUMS_KEY, ShardChecksum, ShardedWeights, Storage, StorageExt,
-    Tensor, WriteMode, Writer,
+    AccessPolicy, CreateOptions, DType, Durability, Error, ErrorKind, Format, Reader, Result,
+    SHARD_CHECKSUMS_KEY, ShardChecksum, ShardedWeights, Storage, StorageExt, Tensor, WriteMode,
+    Writer,
 };
 
+use crate::assembled_bytes::assembled_bytes;
 use crate::checkpoint::Checkpoint;
+use crate::converted::converted;
 use crate::record::Region;
 use crate::recording::Recording;
 use crate::tensors_ahead::TensorsAhead;
@@ -24,9 +27,13 @@ use crate::tensors_ahead::TensorsAhead;
 /// The index's name, as transformers' `save_pretrained` writes it.
 pub const EXPORT_INDEX: &str = "model.safetensors.index.json";
 
-/// Bytes of tensors read ahead of the one being written, at most: the export's memory is the
-/// tensor it writes, this, and the writer's buffer.
-const READ_AHEAD: u64 = 48 << 20;
+/// Bytes read ahead of the piece being written, at most: the export's memory is this, the
+/// piece it writes and the writer's buffers, whatever the size of its tensors (a tensor whose
+/// bytes are resident already, as a source's batched read hands them, is held whole).
+const READ_AHEAD: u64 = 64 << 20;
+
+/// The pieces tensors are read in: sixteen of them fill [`READ_AHEAD`], each one request.
+const PIECE_LEN: u64 = 4 << 20;
 
 /// The name transformers gives tied output embeddings, which it leaves out of what it saves
 /// when the model's config says `tie_word_embeddings`.
@@ -228,11 +235,18 @@ impl Checkpoint {
                         Error::new(ErrorKind::OutOfRange, "does not fit in memory")
                             .with_tensor(&name)
                     })?;
+                    // `checked_len` found every slice sliceable, so its dtype has a width.
+                    let element_size = dtype.element_size().unwrap_or(1) as usize;
+                    let tensor_shape = shape.clone();
                     Ok(Tensor::deferred(name, dtype, shape, len, move || {
-                        // Into memory of its own, every container holding a slice at once.
-                        let mut bytes = vec![0; size];
-                        assembled.read_regions_into(&mut [(&label, whole.clone(), &mut bytes)])?;
-                        Ok(Bytes::from(bytes))
+                        // Read by range as the writer asks, each from the slices holding it.
+                        Ok(assembled_bytes(
+                            Arc::clone(&assembled),
+                            label.clone(),
+                            tensor_shape.clone(),
+                            element_size,
+                            size,
+                        ))
                     }))
                 })
                 .collect();
@@ -295,7 +309,11 @@ pub fn export_tensors(
     }
     let groups = shard_groups(selected, options);
     let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
-    let ahead = TensorsAhead::new(groups.into_iter().flatten().collect(), READ_AHEAD);
+    let ahead = TensorsAhead::new(
+        groups.into_iter().flatten().collect(),
+        READ_AHEAD,
+        PIECE_LEN,
+    );
     let mut taken = ahead.tensors().into_iter();
     let groups: Vec<Vec<Tensor>> = sizes
         .iter()
@@ -416,67 +434,6 @@ fn select(tensors: Vec<Tensor>, options: &ExportOptions) -> Result<Vec<Tensor>> 
         selected.push(converted(tensor, name, options.dtype.as_ref())?);
     }
     Ok(selected)
-}
-
-/// `tensor` under `name`, its bytes converted to `dtype` when both are floating point.
-fn converted(tensor: Tensor, name: String, dtype: Option<&DType>) -> Result<Tensor> {
-    let from = tensor.dtype().clone();
-    let shape = tensor.shape().to_vec();
-    let to = match dtype {
-        Some(to) if is_float(&from) && *to != from => to.clone(),
-        _ => {
-            // Renamed only: the same bytes, read when the shard reaches them.
-            let len = tensor.byte_len();
-            return Ok(Tensor::deferred(name, from, shape, len, move || {
-                tensor.bytes()
-            }));
-        }
-    };
-    if !is_float(&to) {
-        return Err(Error::invalid(format!(
-            "export converts floating-point tensors to F64, F32, F16 or BF16, not {to}"
-        )));
-    }
-    let ByteLen::Exact(len) = to.byte_len(&shape) else {
-        return Err(Error::new(ErrorKind::OutOfRange, "tensor too large").with_tensor(&name));
-    };
-    let label = name.clone();
-    Ok(Tensor::deferred(name, to.clone(), shape, len, move || {
-        let bytes = tensor.bytes()?;
-        let bytes = bytes
-            .read(AccessPolicy::AllowCopy)
-            .map_err(|e| e.with_tensor(&label))?;
-        Ok(Bytes::from(convert(bytes, &from, &to)))
-    }))
-}
-
-fn is_float(dtype: &DType) -> bool {
-    matches!(dtype, DType::F64 | DType::F32 | DType::F16 | DType::BF16)
-}
-
-/// Little-endian floats of `from` as floats of `to` (both of [`is_float`]) as torch casts
-/// them: through f32, which holds every F16 and BF16 value exactly, rounding to nearest even
-/// (an F64 narrowed to F16 or BF16 is rounded to f32 first, as torch's casts do).
-fn convert(bytes: &[u8], from: &DType, to: &DType) -> Vec<u8> {
-    let width = |dtype: &DType| dtype.element_size().unwrap_or(1) as usize;
-    let mut out = Vec::with_capacity(bytes.len() / width(from) * width(to));
-    for element in bytes.chunks_exact(width(from)) {
-        let wide = match from {
-            DType::F64 => f64::from_le_bytes(element.try_into().unwrap_or_default()),
-            DType::F32 => f64::from(f32::from_le_bytes(element.try_into().unwrap_or_default())),
-            DType::F16 => half::f16::from_le_bytes([element[0], element[1]]).to_f64(),
-            _ => half::bf16::from_le_bytes([element[0], element[1]]).to_f64(),
-        };
-        // Exact for every source but F64, which `as` rounds to nearest even.
-        let value = wide as f32;
-        match to {
-            DType::F64 => out.extend_from_slice(&wide.to_le_bytes()),
-            DType::F32 => out.extend_from_slice(&value.to_le_bytes()),
-            DType::F16 => out.extend_from_slice(&half::f16::from_f32(value).to_le_bytes()),
-            _ => out.extend_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
-        }
-    }
-    out
 }
 
 /// A tie: the name left out, and the name whose bytes it shares.
@@ -608,23 +565,5 @@ mod tests {
         assert!(!matches("*.bias", "model.weight"));
         assert!(!matches("a?c", "ac"));
         assert!(matches("a*b*c", "aXbYbZc"));
-    }
-
-    #[test]
-    fn conversions_round_to_nearest_even_and_widen_exactly() {
-        let bf16 = |x: f32| half::bf16::from_f32(x).to_le_bytes().to_vec();
-        let values = [1.0f32, -2.5, 3.140625, 65504.0, 1e-3];
-        let f32s: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let narrowed = convert(&f32s, &DType::F32, &DType::BF16);
-        let expected: Vec<u8> = values.iter().flat_map(|&v| bf16(v)).collect();
-        assert_eq!(narrowed, expected);
-        // bf16 → f32 → bf16 is the identity.
-        let widened = convert(&narrowed, &DType::BF16, &DType::F32);
-        assert_eq!(convert(&widened, &DType::F32, &DType::BF16), narrowed);
-        let halves = convert(&f32s, &DType::F32, &DType::F16);
-        assert_eq!(
-            half::f16::from_le_bytes([halves[6], halves[7]]).to_f32(),
-            65504.0
-        );
     }
 }

@@ -81,10 +81,12 @@
 pub struct ReadmeDoctests;
 
 mod assembled;
+mod assembled_bytes;
 mod background;
 mod checkpoint;
 mod checkpoints;
 mod content;
+mod converted;
 mod copy;
 mod decoded;
 mod encoders;

@@ -174,6 +174,58 @@ pub(crate) fn runs(source: &Region, destination: &Region, shared: &Region) -> Ve
     }
 }
 
+/// The boxes that hold elements `start..end` of a tensor of `shape` in row-major order, in
+/// that order, each contiguous in the tensor's storage: a partial row at each end, whole rows
+/// between them, so a byte range of a tensor is read as regions ([`boxes_of_range`] gives at
+/// most two boxes per dimension and one more).
+pub(crate) fn boxes_of_range(shape: &[u64], start: u64, end: u64) -> Vec<Region> {
+    let mut boxes = Vec::new();
+    boxes_within(shape, &mut Vec::new(), start, end, &mut boxes);
+    boxes
+}
+
+/// [`boxes_of_range`] inside the row `prefix` of the outer dimensions, `shape` the rest.
+fn boxes_within(shape: &[u64], prefix: &mut Vec<u64>, start: u64, end: u64, out: &mut Vec<Region>) {
+    if start >= end {
+        return;
+    }
+    let Some((_, inner_shape)) = shape.split_first() else {
+        // A scalar (or the last index fixed): its one element.
+        out.push(Region::new(prefix.clone(), vec![1; prefix.len()]));
+        return;
+    };
+    // Non-zero: `start < end` fits in the tensor, so no dimension is 0.
+    let inner: u64 = inner_shape.iter().product();
+    let (first, last) = (start / inner, end / inner);
+    let (start_in, end_in) = (start % inner, end % inner);
+    let within = |prefix: &mut Vec<u64>, row: u64, from: u64, to: u64, out: &mut Vec<Region>| {
+        prefix.push(row);
+        boxes_within(inner_shape, prefix, from, to, out);
+        prefix.pop();
+    };
+    if first == last {
+        within(prefix, first, start_in, end_in, out);
+        return;
+    }
+    let mut whole_from = first;
+    if start_in != 0 {
+        within(prefix, first, start_in, inner, out);
+        whole_from += 1;
+    }
+    if last > whole_from {
+        let mut offsets = prefix.clone();
+        offsets.push(whole_from);
+        offsets.extend(std::iter::repeat_n(0, inner_shape.len()));
+        let mut lengths = vec![1; prefix.len()];
+        lengths.push(last - whole_from);
+        lengths.extend_from_slice(inner_shape);
+        out.push(Region::new(offsets, lengths));
+    }
+    if end_in != 0 {
+        within(prefix, last, 0, end_in, out);
+    }
+}
+
 /// Sorted, disjoint `ranges` merged where they touch, then across the smallest gaps while the
 /// bytes fetched beyond the ranges stay within `allowance`: each merge saves a request, and
 /// the smallest gaps save one for the fewest extra bytes.
@@ -208,6 +260,45 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// The row-major indices of `region`'s elements in a tensor of `shape`, in order.
+    fn indices_of(shape: &[u64], region: &Region) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut index = vec![0u64; shape.len()];
+        for _ in 0..region.elements() {
+            out.push((0..shape.len()).fold(0, |acc, dim| {
+                acc * shape[dim] + region.offsets[dim] + index[dim]
+            }));
+            for dim in (0..shape.len()).rev() {
+                index[dim] += 1;
+                if index[dim] < region.lengths[dim] {
+                    break;
+                }
+                index[dim] = 0;
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn boxes_of_a_range_hold_exactly_its_elements_in_order(
+            shape in proptest::collection::vec(1u64..5, 0..4),
+            ends in (0u64..1000, 0u64..1000),
+        ) {
+            let total: u64 = shape.iter().product();
+            let (a, b) = (ends.0 % (total + 1), ends.1 % (total + 1));
+            let (start, end) = (a.min(b), a.max(b));
+            let boxes = boxes_of_range(&shape, start, end);
+            prop_assert!(boxes.len() <= 2 * shape.len() + 1, "{boxes:?}");
+            let mut covered = Vec::new();
+            for region in &boxes {
+                region.within(&shape).unwrap();
+                covered.extend(indices_of(&shape, region));
+            }
+            prop_assert_eq!(covered, (start..end).collect::<Vec<_>>());
+        }
+    }
 
     /// Copies `shared` element by element, the obvious way, as the reference.
     fn copy_by_element(source: &Region, destination: &Region, shared: &Region) -> Vec<(u64, u64)> {

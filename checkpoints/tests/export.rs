@@ -404,3 +404,54 @@ fn incremental_and_sharded_checkpoints_export_like_any_other() {
         "step 2 was not incremental"
     );
 }
+
+#[test]
+fn tensors_larger_than_a_piece_stream_from_every_rank_intact_and_converted() {
+    // 6 MiB of bf16, split by columns: every 4 MiB piece the export reads spans all four
+    // ranks' containers, and the last cuts rows apart.
+    let shape = vec![1536u64, 2048];
+    // Whole numbers of at most 7 bits: bf16 holds each exactly, so widening gives them back.
+    let values: Vec<f32> = (0..1536 * 2048).map(|i| (i % 255) as f32 - 127.0).collect();
+    let bytes: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+        .collect();
+    let storage = Arc::new(MemoryStorage::new());
+    let checkpoints = Checkpoints::over(Arc::clone(&storage) as Arc<dyn Storage>, "run");
+    for rank in 0..WORLD {
+        let region = Region::split(&shape, 1, WORLD, rank);
+        let part = cut(&bytes, &shape, 2, &region);
+        let tensor = Tensor::new("big", DType::BF16, region.lengths.clone(), part);
+        let save = RankSave::new(rank as u32, WORLD as u32, Writer::new(vec![tensor])).with_slice(
+            "big",
+            shape.clone(),
+            region,
+        );
+        checkpoints.save_rank(1, save).unwrap();
+    }
+    let checkpoint = checkpoints.open(1).unwrap();
+    let store = || Arc::clone(&storage) as Arc<dyn Storage>;
+
+    let kept = checkpoint
+        .export(store(), "kept", &ExportOptions::default())
+        .unwrap();
+    let (dtype, exported) = shard_tensor(&storage, &kept.index, "big");
+    assert!(
+        dtype == DType::BF16 && exported == bytes,
+        "the bf16 export differs"
+    );
+
+    let widened = checkpoint
+        .export(
+            store(),
+            "f32",
+            &ExportOptions::default().with_dtype(DType::F32),
+        )
+        .unwrap();
+    let f32s: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (dtype, exported) = shard_tensor(&storage, &widened.index, "big");
+    assert!(
+        dtype == DType::F32 && exported == f32s,
+        "the f32 export differs"
+    );
+}
