@@ -65,15 +65,18 @@
 //!   keys lie (`layout`);
 //! - saving in the foreground (`save`) and the background (`background`), the saves in flight
 //!   (`in_flight`), what a save learns of its containers as they stream (`recording`);
-//! - incremental saves (`incremental`, `content`) and their reads (`spliced`);
+//! - incremental saves (`incremental`, `content`) and their reads (`spliced`), their pieces
+//!   encoded as the writer streams (`encoders`) and decoded into place when read (`decoded`);
 //! - finding checkpoints (`listing`), retention and gc (`retention`), copies (`copy`), one
 //!   checkpoint and its verification (`checkpoint`);
 //! - rank saves (`ranks`) and their merge (`merge`), loading in any rank layout (`assembled`,
 //!   `region`), requests made several at a time (`parallel`);
-//! - tiers (`tiered`), their promotion (`promotion`) and a promotion that follows a save as it
-//!   writes (`following`);
-//! - export to the Hugging Face layout (`export`), reading ahead of its writer
-//!   (`tensors_ahead`).
+//! - tiers (`tiered`): the promotion policy (`promotion`), the queue and its worker
+//!   (`promoter`), retention on both tiers (`tier_retention`), and a promotion that follows a
+//!   save as it writes (`following`);
+//! - export to the Hugging Face layout (`export`): tensors read in pieces ahead of its writer
+//!   (`tensors_ahead`), assembled from rank slices by range (`assembled_bytes`) and converted
+//!   to another dtype as they are read (`converted`).
 
 /// The README's examples (which use this crate and `weightbay`), compiled and run as doctests.
 #[cfg(doctest)]
@@ -98,6 +101,7 @@ mod layout;
 mod listing;
 mod merge;
 mod parallel;
+mod promoter;
 mod promotion;
 mod ranks;
 mod record;
@@ -107,6 +111,7 @@ mod retention;
 mod save;
 mod spliced;
 mod tensors_ahead;
+mod tier_retention;
 mod tiered;
 
 pub use assembled::AssembledWeights;
