@@ -73,7 +73,7 @@
 //!   `region`), requests made several at a time (`parallel`);
 //! - tiers (`tiered`): the promotion policy (`promotion`), the queue and its worker
 //!   (`promoter`), retention on both tiers (`tier_retention`), and a promotion that follows a
-//!   save as it writes (`following`);
+//!   save as it writes (`promotion_stream`, over what the two share: `following`);
 //! - export to the Hugging Face layout (`export`): tensors read in pieces ahead of its writer
 //!   (`tensors_ahead`), assembled from rank slices by range (`assembled_bytes`) and converted
 //!   to another dtype as they are read (`converted`).
@@ -103,6 +103,7 @@ mod merge;
 mod parallel;
 mod promoter;
 mod promotion;
+mod promotion_stream;
 mod ranks;
 mod record;
 mod recording;
