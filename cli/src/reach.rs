@@ -1,11 +1,14 @@
 //! How the command reaches storage: the locations a user names, opened with its retry policy,
-//! what stall detection did in them, and the Ctrl-C that stops a write.
+//! what stall detection did in them, the Ctrl-C that stops a write, and a read started over
+//! when its object is replaced meanwhile.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, LazyLock};
 
 use weightbay::Result;
 use weightbay_object_store::Location;
+
+use crate::escape::escaped;
 
 /// Set by Ctrl-C; a copy in progress stops at its next write and leaves the destination as
 /// it was.
@@ -48,4 +51,17 @@ pub(crate) fn report_stalls(locations: &[&Location]) {
 /// Resolves a path or URL the user gave.
 pub(crate) fn locate(input: &str) -> Result<Location> {
     Location::parse_with_retry(input, retry())
+}
+
+/// Runs a one-shot read of `what` again from the start, up to three times in all, when the
+/// object was replaced while it was read, saying so: the copy or verify then covers one whole
+/// version, the newest.
+pub(crate) fn restarting<T>(what: &str, attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    weightbay::retry_on_change(3, attempt, |e, attempt| {
+        eprintln!(
+            "{} changed while it was read ({}); starting over on its new version (attempt {attempt} of 3)",
+            escaped(what),
+            escaped(&e.to_string())
+        );
+    })
 }

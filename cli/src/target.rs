@@ -9,6 +9,8 @@ use weightbay::{Error, ErrorKind, Reader, Result, Tensor};
 use weightbay_checkpoints::{Checkpoint, Checkpoints, StepState};
 use weightbay_object_store::Location;
 
+use crate::reach::locate;
+
 /// A location's contents.
 pub(crate) enum Target {
     /// One container.
@@ -139,4 +141,42 @@ pub(crate) fn utc(ms: u64) -> String {
         rest / 60 % 60,
         rest % 60
     )
+}
+
+/// The checkpoints under `url`, which must be able to list.
+pub(crate) fn checkpoints_at(url: &str) -> Result<Checkpoints> {
+    let location = locate(url)?;
+    if !location.storage.capabilities().listing {
+        return Err(weightbay::Error::unsupported(format!(
+            "{} cannot list, so it holds no checkpoints this command can find",
+            location.store
+        )));
+    }
+    // A prefix that does not exist would list as one without checkpoints: say which it is.
+    let local = match url.split_once("://") {
+        None => Some(url),
+        Some(("file", path)) => Some(path),
+        Some(_) => None,
+    };
+    // Unfinished writes count: a prefix whose only upload was killed is one `gc` cleans.
+    let missing = match local {
+        Some(path) => !std::path::Path::new(path).exists(),
+        None => {
+            location.storage.list(&location.key)?.is_empty()
+                && (!location.storage.capabilities().pending_listing
+                    || location.storage.pending(&location.key)?.is_empty())
+        }
+    };
+    if missing {
+        let why = if local.is_some() {
+            format!("`{url}` does not exist")
+        } else {
+            format!(
+                "nothing is stored under `{url}` (an object-store prefix exists only while \
+                 objects are under it)"
+            )
+        };
+        return Err(weightbay::Error::new(weightbay::ErrorKind::NotFound, why));
+    }
+    Ok(Checkpoints::over(location.storage, location.key))
 }
