@@ -6,7 +6,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use weightbay::checksum::crc32c_append;
-use weightbay::{Capabilities, CreateOptions, Listed, PendingWrite, Result, Sink, Source, Storage};
+use weightbay::{CreateOptions, Result, Sink, Storage};
 
 use crate::following::{Announced, Followed, Progress};
 
@@ -58,10 +58,6 @@ impl Recording {
 // the wrapper.
 #[deny(clippy::missing_trait_methods)]
 impl Storage for Recording {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
         let inner = self.inner.create(key, options)?;
         let announced = self.follower.as_ref().and_then(|follower| {
@@ -85,26 +81,7 @@ impl Storage for Recording {
             announced,
         }))
     }
-
-    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
-        self.inner.open(key)
-    }
-
-    fn delete(&self, key: &str) -> Result<()> {
-        self.inner.delete(key)
-    }
-
-    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.pending(prefix)
-    }
-
-    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.clean_pending(prefix)
-    }
-
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        self.inner.list(prefix)
-    }
+    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list);
 }
 
 pub(crate) struct RecordingSink {

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use weightbay::{
-    CreateOptions, DType, ErrorKind, Format, Listed, MemoryStorage, Sink, Source, Storage, Tensor,
-    Writer,
+    CreateOptions, DType, ErrorKind, Format, MemoryStorage, Sink, Storage, Tensor, Writer,
 };
 mod common;
 
@@ -283,9 +282,6 @@ impl std::fmt::Debug for BeforeCreate {
 
 #[deny(clippy::missing_trait_methods)]
 impl Storage for BeforeCreate {
-    fn capabilities(&self) -> weightbay::Capabilities {
-        self.inner.capabilities()
-    }
     fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
         if key.ends_with(self.trigger) {
             let hook = self.hook.lock().unwrap().take();
@@ -295,21 +291,7 @@ impl Storage for BeforeCreate {
         }
         self.inner.create(key, options)
     }
-    fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
-        self.inner.open(key)
-    }
-    fn delete(&self, key: &str) -> weightbay::Result<()> {
-        self.inner.delete(key)
-    }
-    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
-        self.inner.pending(prefix)
-    }
-    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
-        self.inner.clean_pending(prefix)
-    }
-    fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
-        self.inner.list(prefix)
-    }
+    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list);
 }
 
 #[test]

@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use weightbay::Format;
 use weightbay::WeightComponentSpec;
-use weightbay::{
-    CreateOptions, DType, Error, ErrorKind, MemoryStorage, Sink, Storage, Tensor, Writer,
-};
+use weightbay::{CreateOptions, DType, Error, ErrorKind, MemoryStorage, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions, StepState};
 
 fn tensors(step: u64) -> Vec<Tensor> {
@@ -188,15 +186,6 @@ struct ContainersUndeletable(MemoryStorage);
 
 #[deny(clippy::missing_trait_methods)]
 impl Storage for ContainersUndeletable {
-    fn capabilities(&self) -> weightbay::Capabilities {
-        self.0.capabilities()
-    }
-    fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
-        self.0.create(key, options)
-    }
-    fn open(&self, key: &str) -> weightbay::Result<Arc<dyn weightbay::Source>> {
-        self.0.open(key)
-    }
     fn delete(&self, key: &str) -> weightbay::Result<()> {
         if key.ends_with("commit.json") {
             self.0.delete(key)
@@ -204,15 +193,7 @@ impl Storage for ContainersUndeletable {
             Err(Error::new(ErrorKind::Io, "deletes of containers fail here"))
         }
     }
-    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
-        self.0.pending(prefix)
-    }
-    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
-        self.0.clean_pending(prefix)
-    }
-    fn list(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::Listed>> {
-        self.0.list(prefix)
-    }
+    weightbay::forward_storage!(0 => capabilities, create, open, pending, clean_pending, list);
 }
 
 #[test]

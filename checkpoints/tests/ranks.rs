@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use weightbay::{
-    Capabilities, CreateOptions, DType, ErrorKind, Listed, MemoryStorage, Result, Sink, Source,
-    Storage, Tensor, WeightSource, Writer,
+    CreateOptions, DType, ErrorKind, MemoryStorage, Result, Sink, Source, Storage, Tensor,
+    WeightSource, Writer,
 };
 use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region};
 
@@ -62,9 +62,6 @@ impl Sink for CountingSink {
 
 #[deny(clippy::missing_trait_methods)]
 impl Storage for Counting {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
         self.creates.fetch_add(1, Ordering::SeqCst);
         Ok(Box::new(CountingSink {
@@ -79,18 +76,7 @@ impl Storage for Counting {
             reads: Arc::clone(&self.reads),
         }))
     }
-    fn delete(&self, key: &str) -> Result<()> {
-        self.inner.delete(key)
-    }
-    fn pending(&self, prefix: &str) -> Result<Vec<weightbay::PendingWrite>> {
-        self.inner.pending(prefix)
-    }
-    fn clean_pending(&self, prefix: &str) -> Result<Vec<weightbay::PendingWrite>> {
-        self.inner.clean_pending(prefix)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        self.inner.list(prefix)
-    }
+    weightbay::forward_storage!(inner => capabilities, delete, pending, clean_pending, list);
 }
 
 /// Rank `rank` of 2, holding its half of the rows of a 64 × 1024 f32 tensor `w` (256 KiB).

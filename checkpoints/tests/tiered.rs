@@ -8,8 +8,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use weightbay::{
-    Bytes, Capabilities, CreateOptions, DType, ErrorKind, Listed, MemoryStorage, PendingWrite,
-    Sink, Source, Storage, Tensor, WriteMode, Writer,
+    Bytes, CreateOptions, DType, ErrorKind, MemoryStorage, Sink, Storage, Tensor, WriteMode, Writer,
 };
 use weightbay_checkpoints::{
     Checkpoints, PerTier, Promotion, PromotionState, RankOutcome, RankSave, Region, Retention,
@@ -103,9 +102,6 @@ impl Remote {
 }
 
 impl Storage for Remote {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
     fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
         self.expected_lens
             .lock()
@@ -129,9 +125,6 @@ impl Storage for Remote {
             received: Arc::clone(&self.received),
         }))
     }
-    fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
-        self.inner.open(key)
-    }
     fn delete(&self, key: &str) -> weightbay::Result<()> {
         if self.gate.0.lock().unwrap().deletes_down {
             return Err(weightbay::Error::new(
@@ -141,15 +134,7 @@ impl Storage for Remote {
         }
         self.inner.delete(key)
     }
-    fn list(&self, prefix: &str) -> weightbay::Result<Vec<Listed>> {
-        self.inner.list(prefix)
-    }
-    fn pending(&self, prefix: &str) -> weightbay::Result<Vec<PendingWrite>> {
-        self.inner.pending(prefix)
-    }
-    fn clean_pending(&self, prefix: &str) -> weightbay::Result<Vec<PendingWrite>> {
-        self.inner.clean_pending(prefix)
-    }
+    weightbay::forward_storage!(inner => capabilities, open, pending, clean_pending, list);
 }
 
 /// Tiers over `fast` and `remote`, under the prefix `run`.

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use weightbay::{
-    Capabilities, CreateOptions, DType, Durability, ErrorKind, Listed, MemoryStorage, PendingWrite,
-    Result, Sink, Source, Storage, StorageExt, Tensor, Writer,
+    CreateOptions, DType, Durability, ErrorKind, Listed, MemoryStorage, Result, Sink, Source,
+    Storage, StorageExt, Tensor, Writer,
 };
 use weightbay_checkpoints::{Checkpoints, RankSave, Retention, SaveOptions, StepState};
 
@@ -67,9 +67,6 @@ impl Hooked {
 
 #[deny(clippy::missing_trait_methods)]
 impl Storage for Hooked {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
         self.before("create", key);
         self.inner.create(key, options)
@@ -82,16 +79,11 @@ impl Storage for Hooked {
         self.before("delete", key);
         self.inner.delete(key)
     }
-    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.pending(prefix)
-    }
-    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.clean_pending(prefix)
-    }
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.before("list", prefix);
         self.inner.list(prefix)
     }
+    weightbay::forward_storage!(inner => capabilities, pending, clean_pending);
 }
 
 #[test]

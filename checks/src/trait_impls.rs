@@ -44,7 +44,8 @@ pub fn impls_leaving_out(
         let Some(body) = block_at(&code, open) else {
             break;
         };
-        let named = fn_names(body);
+        let mut named = fn_names(body);
+        named.extend(forwarded_names(body));
         let left_out: Vec<String> = methods
             .iter()
             .filter(|method| !named.contains(method))
@@ -80,6 +81,31 @@ fn block_at(code: &str, open: usize) -> Option<&str> {
         }
     }
     None
+}
+
+/// The methods a block forwards by name with `weightbay`'s `forward_storage!` or
+/// `forward_sink!` (`forward_storage!(inner => capabilities, open)`): named on purpose too.
+fn forwarded_names(body: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for macro_name in ["forward_storage!", "forward_sink!"] {
+        let mut rest = body;
+        while let Some(at) = rest.find(macro_name) {
+            rest = &rest[at + macro_name.len()..];
+            let Some(arguments) = rest.split(')').next() else {
+                break;
+            };
+            if let Some((_, methods)) = arguments.split_once("=>") {
+                names.extend(
+                    methods
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|name| !name.is_empty())
+                        .map(str::to_owned),
+                );
+            }
+        }
+    }
+    names
 }
 
 /// The names of the functions a block declares at its own level (not those nested in their
@@ -147,10 +173,20 @@ impl<S: Storage> weightbay::Storage for Wrapper<S> {
     fn open(&self, key: &str) -> u8 { let s = \"fn list(\"; self.0.open(key) }
 }
 impl SomeStorage for Other { fn capabilities(&self) -> u8 { 0 } }
+impl Storage for Forwarding {
+    fn open(&self, key: &str) -> u8 { 2 }
+    weightbay::forward_storage!(gate.inner => capabilities, list);
+}
+impl Storage for ForwardingTooLittle {
+    forward_storage!(inner => capabilities, open);
+}
 ";
         assert_eq!(
             impls_leaving_out(source, "Storage", &methods),
-            [("Wrapper<S>".to_owned(), vec!["list".to_owned()])]
+            [
+                ("Wrapper<S>".to_owned(), vec!["list".to_owned()]),
+                ("ForwardingTooLittle".to_owned(), vec!["list".to_owned()])
+            ]
         );
     }
 }

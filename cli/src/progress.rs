@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use weightbay::{
-    Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, PositionedWrite, ReadBack,
-    Result, Sink, Source, Storage,
+    CreateOptions, Error, ErrorKind, PositionedWrite, ReadBack, Result, Sink, Storage,
 };
 
 /// Forwards to a storage; its sinks report progress, and fail with
@@ -51,9 +50,6 @@ impl Counting {
 // wrapper (a copy's check before its commit lists the step).
 #[deny(clippy::missing_trait_methods)]
 impl Storage for Counting {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
         Ok(Box::new(CountingSink {
             inner: self.inner.create(key, options)?,
@@ -61,21 +57,7 @@ impl Storage for Counting {
             cancel: Arc::clone(&self.cancel),
         }))
     }
-    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
-        self.inner.open(key)
-    }
-    fn delete(&self, key: &str) -> Result<()> {
-        self.inner.delete(key)
-    }
-    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.pending(prefix)
-    }
-    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.clean_pending(prefix)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        self.inner.list(prefix)
-    }
+    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list);
 }
 
 struct CountingSink {

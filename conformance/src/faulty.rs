@@ -11,8 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
 use weightbay::{
-    Bytes, Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, PositionedWrite,
-    ReadBack, Result, Sink, Source, Storage,
+    Bytes, CreateOptions, Error, ErrorKind, Listed, PositionedWrite, ReadBack, Result, Sink,
+    Source, Storage,
 };
 
 /// Counts operations and fails the one numbered `fail_at` (1-based) with
@@ -226,10 +226,6 @@ impl<S> fmt::Debug for Faulty<S> {
 
 #[deny(clippy::missing_trait_methods)]
 impl<S: Storage> Storage for Faulty<S> {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
         let inner = self
             .plan
@@ -252,17 +248,10 @@ impl<S: Storage> Storage for Faulty<S> {
         self.plan.storage_op("delete", || self.inner.delete(key))
     }
 
-    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.pending(prefix)
-    }
-
-    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.inner.clean_pending(prefix)
-    }
-
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.plan.storage_op("list", || self.inner.list(prefix))
     }
+    weightbay::forward_storage!(inner => capabilities, pending, clean_pending);
 }
 
 struct FaultySink {

@@ -6,10 +6,7 @@
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use weightbay::{
-    Capabilities, CreateOptions, Error, ErrorKind, Listed, PendingWrite, Result, Sink, Source,
-    Storage,
-};
+use weightbay::{CreateOptions, Error, ErrorKind, Result, Sink, Storage};
 
 /// How long a commit waits for the other writer before the case gives up on it.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -93,9 +90,6 @@ struct Handle {
 
 #[deny(clippy::missing_trait_methods)]
 impl Storage for Handle {
-    fn capabilities(&self) -> Capabilities {
-        self.gate.inner.capabilities()
-    }
     fn create(&self, key: &str, options: &CreateOptions) -> Result<Box<dyn Sink>> {
         let inner = self.gate.inner.create(key, options)?;
         if !key.ends_with(self.gate.suffix) {
@@ -107,21 +101,7 @@ impl Storage for Handle {
             id: self.id,
         }))
     }
-    fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
-        self.gate.inner.open(key)
-    }
-    fn delete(&self, key: &str) -> Result<()> {
-        self.gate.inner.delete(key)
-    }
-    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.gate.inner.pending(prefix)
-    }
-    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.gate.inner.clean_pending(prefix)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        self.gate.inner.list(prefix)
-    }
+    weightbay::forward_storage!(gate.inner => capabilities, open, delete, pending, clean_pending, list);
 }
 
 struct GatedSink {
@@ -135,12 +115,6 @@ struct GatedSink {
 // would have to order those writes too.
 #[deny(clippy::missing_trait_methods)]
 impl Sink for GatedSink {
-    fn write(&mut self, data: &[u8]) -> Result<()> {
-        self.inner.write(data)
-    }
-    fn pad(&mut self, len: u64) -> Result<()> {
-        self.inner.pad(len)
-    }
     fn read_back(&self) -> Option<Arc<dyn weightbay::ReadBack>> {
         None
     }
@@ -151,6 +125,7 @@ impl Sink for GatedSink {
         let Self { inner, gate, id } = *self;
         gate.commit_in_turn(id, || inner.commit())
     }
+    weightbay::forward_sink!(inner => write, pad);
 }
 
 /// A meeting of a number of threads that gives up after [`PATIENCE`]: a barrier that cannot

@@ -321,22 +321,6 @@ struct BrokenPending {
 
 #[deny(clippy::missing_trait_methods)]
 impl weightbay::Storage for BrokenPending {
-    fn capabilities(&self) -> weightbay::Capabilities {
-        self.inner.capabilities()
-    }
-    fn create(
-        &self,
-        key: &str,
-        options: &weightbay::CreateOptions,
-    ) -> weightbay::Result<Box<dyn weightbay::Sink>> {
-        self.inner.create(key, options)
-    }
-    fn open(&self, key: &str) -> weightbay::Result<std::sync::Arc<dyn weightbay::Source>> {
-        self.inner.open(key)
-    }
-    fn delete(&self, key: &str) -> weightbay::Result<()> {
-        self.inner.delete(key)
-    }
     fn pending(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
         let mut pending = self.inner.pending(prefix)?;
         if self.defect == PendingDefect::ListsOnlyAbandoned {
@@ -350,9 +334,7 @@ impl weightbay::Storage for BrokenPending {
             PendingDefect::ListsOnlyAbandoned => self.inner.clean_pending(prefix),
         }
     }
-    fn list(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::Listed>> {
-        self.inner.list(prefix)
-    }
+    weightbay::forward_storage!(inner => capabilities, create, open, delete, list);
 }
 
 impl Harness for PendingDefect {

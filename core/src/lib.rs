@@ -42,6 +42,7 @@ mod copy;
 mod dtype;
 mod error;
 pub mod format;
+mod forward;
 mod fs;
 mod keys;
 mod lazy;

@@ -426,7 +426,7 @@ pub struct Listed {
     pub len: u64,
 }
 
-macro_rules! forward_storage {
+macro_rules! storage_through_pointers {
     ($($pointer:ty),*) => {$(
         /// Forwards to the storage behind the pointer, so `&S`, `Box<dyn Storage>` and
         /// `Arc<dyn Storage>` are storages too.
@@ -455,4 +455,4 @@ macro_rules! forward_storage {
         }
     )*};
 }
-forward_storage!(&S, Box<S>, Arc<S>);
+storage_through_pointers!(&S, Box<S>, Arc<S>);

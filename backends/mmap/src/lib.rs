@@ -34,8 +34,7 @@ use std::sync::Arc;
 use memmap2::{Advice, Mmap, MmapOptions};
 use weightbay::backend_kit::{check_range, fetch_views, validate_key};
 use weightbay::{
-    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Listed, PendingWrite, Result,
-    Sink, Source, Storage,
+    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Result, Sink, Source, Storage,
 };
 use weightbay_local::LocalStorage;
 
@@ -110,22 +109,7 @@ impl Storage for MmapStorage {
     fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(self.open_mmap(key)?))
     }
-
-    fn delete(&self, key: &str) -> Result<()> {
-        self.local.delete(key)
-    }
-
-    fn pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.local.pending(prefix)
-    }
-
-    fn clean_pending(&self, prefix: &str) -> Result<Vec<PendingWrite>> {
-        self.local.clean_pending(prefix)
-    }
-
-    fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        self.local.list(prefix)
-    }
+    weightbay::forward_storage!(local => delete, pending, clean_pending, list);
 }
 
 /// A shared read-only map of one file. Cloning and [`bytes`](Source::bytes) share the map;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, VarBuilder, VarMap};
 use weightbay::Format;
-use weightbay::{CreateOptions, PrefetchPlan, Prefetched, Reader, Sink, Source, Storage};
+use weightbay::{PrefetchPlan, Prefetched, Reader, Source, Storage};
 use weightbay_candle::{WeightbayBackend, save_tensors, save_var_map};
 use weightbay_local::LocalStorage;
 use weightbay_mmap::MmapStorage;
@@ -170,17 +170,11 @@ impl Storage for Counting {
     fn capabilities(&self) -> weightbay::Capabilities {
         weightbay::Capabilities::NONE
     }
-    fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
-        self.inner.create(key, options)
-    }
     fn open(&self, key: &str) -> weightbay::Result<Arc<dyn Source>> {
         Ok(Arc::new(CountingSource {
             inner: self.inner.open(key)?,
             read: Arc::clone(&self.read),
         }))
-    }
-    fn delete(&self, key: &str) -> weightbay::Result<()> {
-        self.inner.delete(key)
     }
     // It declares no capability: these answer as the contract says, on purpose.
     fn pending(&self, _prefix: &str) -> weightbay::Result<Vec<weightbay::PendingWrite>> {
@@ -198,6 +192,7 @@ impl Storage for Counting {
             "this counting storage declares no capability",
         ))
     }
+    weightbay::forward_storage!(inner => create, delete);
 }
 
 /// A model built from part of a checkpoint reads only that part.
