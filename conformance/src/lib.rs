@@ -48,24 +48,27 @@ pub mod cases;
 mod faulty;
 mod gate;
 mod harness;
+mod holdings;
 mod lockstep;
 pub mod model;
+mod outcome;
+mod property;
 pub mod ranked;
 mod servers;
 mod sim_disk;
 pub mod strategies;
 mod suite;
-mod support;
 
 pub use case::Case;
 pub use faulty::{FaultPlan, Faulty, FaultyFileSystem, InjectedFault, is_injected};
 pub use harness::Harness;
+pub use outcome::Outcome;
+pub use property::property_cases;
 pub use servers::{
     FaultProxy, azure_url, s3_delete_verbatim, s3_open_uploads, s3_put_verbatim, s3_url,
 };
 pub use sim_disk::SimulatedDisk;
 pub use suite::{Suite, failure_of, failure_of_in, verdict};
-pub use support::{Outcome, property_cases};
 
 /// A `main` that runs every conformance case for the harness expression `$harness`. The test
 /// target needs `harness = false`.

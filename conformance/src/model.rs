@@ -233,7 +233,7 @@ impl Model {
     /// A description of the first difference.
     pub fn check<S: Storage>(&self, storage: &S) -> Result<(), String> {
         for (index, key) in KEYS.iter().enumerate() {
-            let actual = crate::support::stored(storage, key);
+            let actual = crate::holdings::stored(storage, key);
             match (self.held.get(&index), actual) {
                 (Some(&version), Ok(bytes)) if bytes == version_bytes(version) => {}
                 (None, Err(e)) if e.kind() == ErrorKind::NotFound => {}

@@ -8,8 +8,8 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 use crate::case::Case;
 use crate::harness::Harness;
+use crate::outcome::Outcome;
 use crate::servers::servers_required;
-use crate::support::Outcome;
 
 /// Judges a case's outcome against the harness's declarations: `Ok(None)` when it was checked,
 /// `Ok(Some(reason))` when it was not applicable and declared so.

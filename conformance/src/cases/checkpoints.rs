@@ -9,8 +9,8 @@ use weightbay::{ErrorKind, Format, Storage, Tensor, Writer};
 use weightbay_checkpoints::{COMMIT_RECORD, Checkpoints, Retention, SaveOptions};
 
 use crate::gate::Gate;
+use crate::outcome::{Outcome, fail};
 use crate::strategies::sample;
-use crate::support::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
 
 /// The prefix every checkpoint case saves under.

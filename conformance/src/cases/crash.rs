@@ -7,11 +7,9 @@ use std::sync::Arc;
 use weightbay::backend_kit::FileSystem;
 use weightbay::{CreateOptions, Durability, Storage, WriteMode};
 
+use crate::holdings::{KEY, assert_nothing_pending, assert_old_or_new, key_for, several_parts};
+use crate::outcome::{NO_FILE_SYSTEM, Outcome, fail};
 use crate::strategies::{ContainerSpec, sample};
-use crate::support::{
-    KEY, NO_FILE_SYSTEM, Outcome, assert_nothing_pending, assert_old_or_new, fail, key_for,
-    several_parts,
-};
 use crate::{FaultPlan, Faulty, Harness, SimulatedDisk};
 
 /// Loses power after each file-system operation of a durable overwrite and of a durable

@@ -6,11 +6,10 @@ use std::sync::{Arc, Barrier};
 
 use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
 
+use crate::holdings::{KEY, assert_holds_one_of, assert_nothing_pending, several_parts};
 use crate::lockstep::Lockstep;
+use crate::outcome::{NO_FILE_SYSTEM, Outcome, fail};
 use crate::strategies::{ContainerSpec, sample};
-use crate::support::{
-    KEY, NO_FILE_SYSTEM, Outcome, assert_holds_one_of, assert_nothing_pending, fail, several_parts,
-};
 use crate::{Harness, SimulatedDisk};
 
 /// Create-new fails with AlreadyExists on a taken key and leaves it intact; it succeeds on a

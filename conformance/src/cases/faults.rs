@@ -6,11 +6,11 @@ use std::sync::Arc;
 use weightbay::backend_kit::FileSystem;
 use weightbay::{Durability, Reader, Storage, WriteMode};
 
-use crate::strategies::{ContainerSpec, sample};
-use crate::support::{
-    KEY, NO_FILE_SYSTEM, Outcome, assert_holds_one_of, assert_nothing_pending, assert_old_or_new,
-    fail, key_for,
+use crate::holdings::{
+    KEY, assert_holds_one_of, assert_nothing_pending, assert_old_or_new, key_for,
 };
+use crate::outcome::{NO_FILE_SYSTEM, Outcome, fail};
+use crate::strategies::{ContainerSpec, sample};
 use crate::{FaultPlan, Faulty, FaultyFileSystem, Harness, SimulatedDisk, is_injected};
 
 /// The workload the fault and crash cases interrupt: overwrite `KEY` with the new container.

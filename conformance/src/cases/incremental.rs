@@ -9,7 +9,7 @@ use std::sync::Arc;
 use weightbay::{DType, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, Retention, SaveOptions, StepState};
 
-use crate::support::{Outcome, fail};
+use crate::outcome::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
 
 /// The prefix the case saves under.

@@ -4,7 +4,8 @@
 use weightbay::{Bytes, DType, Tensor, Writer};
 
 use crate::Harness;
-use crate::support::{KEY, Outcome, fail};
+use crate::holdings::KEY;
+use crate::outcome::{Outcome, fail};
 
 /// Writing 64 deferred tensors of 4 MiB through the backend keeps the peak of live heap bytes
 /// within one tensor, the writer's buffer, and the backend's declared buffer bound.

@@ -18,7 +18,7 @@ pub mod writes;
 
 use crate::case::{Case, with_cases};
 use crate::harness::Harness;
-use crate::support::Outcome;
+use crate::outcome::Outcome;
 
 /// Defines [`Case::run`] from the list.
 macro_rules! define_run {

@@ -4,7 +4,8 @@
 use weightbay::{CreateOptions, ErrorKind, PositionedWrite, Storage, StorageExt};
 
 use crate::Harness;
-use crate::support::{KEY, Outcome, assert_nothing_pending, fail, pattern, stored};
+use crate::holdings::{KEY, assert_nothing_pending, pattern, stored};
+use crate::outcome::{Outcome, fail};
 
 /// The pieces a case writes: odd lengths, so none lines up with a page or a block.
 const PIECE: usize = 7001;

@@ -11,8 +11,8 @@ use weightbay::{ErrorKind, Format, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, RankOutcome, RankSave, Region, StepState};
 
 use crate::gate::{Gate, Rendezvous};
+use crate::outcome::{Outcome, fail};
 use crate::ranked::SlicedModel;
-use crate::support::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
 
 /// The ranks of every step but the six-rank one.

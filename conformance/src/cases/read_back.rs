@@ -6,7 +6,8 @@ use std::sync::Arc;
 use weightbay::{CreateOptions, ReadBack, Storage};
 
 use crate::Harness;
-use crate::support::{KEY, Outcome, fail, pattern};
+use crate::holdings::{KEY, pattern};
+use crate::outcome::{Outcome, fail};
 
 /// Reads `expected.len()` bytes at `offset` through `reader` and compares them.
 fn assert_reads(case: &str, context: &str, reader: &dyn ReadBack, offset: u64, expected: &[u8]) {

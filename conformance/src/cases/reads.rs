@@ -10,10 +10,10 @@ use proptest::test_runner::TestCaseError;
 use weightbay::{CreateOptions, Durability, ErrorKind, Reader, Storage};
 
 use crate::Harness;
+use crate::holdings::{KEY, fetched_whole, several_parts, written_and_opened};
+use crate::outcome::{Outcome, fail};
+use crate::property::run_property;
 use crate::strategies::sample;
-use crate::support::{
-    KEY, Outcome, fail, fetched_whole, run_property, several_parts, written_and_opened,
-};
 
 /// The most reads a reader racing the writer makes, so a writer that never finishes cannot keep
 /// the readers going for ever.

@@ -7,7 +7,8 @@ use weightbay::{CreateOptions, Durability, Listed, Storage, StorageExt};
 
 use crate::{Case, Harness};
 
-use crate::support::{Outcome, fail, pattern, stored};
+use crate::holdings::{pattern, stored};
+use crate::outcome::{Outcome, fail};
 
 /// Keys that share string prefixes, and how long each is.
 const NEIGHBOURS: &[(&str, usize)] = &[

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use weightbay::{DType, MemoryStorage, Result, Storage, Tensor, Writer};
 use weightbay_checkpoints::{Checkpoints, Promotion, SaveOptions, StepState, Tiered};
 
-use crate::support::{Outcome, fail};
+use crate::outcome::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
 
 /// The prefix the case saves under, on both tiers.

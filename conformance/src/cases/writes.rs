@@ -13,12 +13,13 @@ use weightbay::{
     ShardedWriter, Storage, Tensor, WeightComponentSpec, WeightSource, WriteMode, Writer,
 };
 
-use crate::model::{KEYS, Model, Op};
-use crate::strategies::{self, sample};
-use crate::support::{
-    KEY, Outcome, assert_holds_one_of, assert_nothing_pending, fail, many_parts, run_property,
-    several_parts, stored,
+use crate::holdings::{
+    KEY, assert_holds_one_of, assert_nothing_pending, many_parts, several_parts, stored,
 };
+use crate::model::{KEYS, Model, Op};
+use crate::outcome::{Outcome, fail};
+use crate::property::run_property;
+use crate::strategies::{self, sample};
 use crate::{Faulty, Harness, is_injected};
 
 /// Write → commit → open → read gives back the input, byte for byte what

@@ -1,100 +1,14 @@
-//! What every case shares: the outcome it reports, failing with a message that names the
-//! test, the seeded property runner, and the assertions on what a storage holds.
+//! What a storage holds, written and checked: the bytes at a key, the containers a case
+//! writes (a pattern, several parts, many parts), and the assertions every case makes on what
+//! a key, a listing and the pending writes show after it.
 
 use std::sync::Arc;
 
-use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 use weightbay::{ErrorKind, Reader, Source, Storage, WriteMode};
 
 use crate::Harness;
+use crate::outcome::fail;
 use crate::strategies::{ContainerSpec, sample};
-
-/// Fails the running case with a message naming it.
-macro_rules! fail {
-    ($case:expr, $($arg:tt)*) => {
-        panic!("conformance case `{}` failed: {}", $case, format!($($arg)*))
-    };
-}
-pub(crate) use fail;
-
-/// What a case found, when it did not fail.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[must_use]
-pub enum Outcome {
-    /// Everything the case covers was checked and held.
-    Checked,
-    /// The case cannot run on this backend, for the reason given (no simulated file system,
-    /// nothing that outlives the process). [`verdict`](crate::verdict) fails it unless the
-    /// harness declares it in [`Harness::not_applicable`].
-    NotApplicable(String),
-}
-
-/// Property cases per run: `WEIGHTBAY_CASES`, default 32.
-pub fn property_cases() -> u32 {
-    std::env::var("WEIGHTBAY_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(32)
-}
-
-/// Runs a property with a reproducible seed: `WEIGHTBAY_SEED` (hex) when set, else a fresh
-/// one, printed on failure.
-pub(crate) fn run_property<S: Strategy>(
-    case: &str,
-    strategy: S,
-    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
-) where
-    S::Value: std::fmt::Debug,
-{
-    let seed: [u8; 32] = match std::env::var("WEIGHTBAY_SEED") {
-        Ok(hex) => {
-            parse_seed(&hex).unwrap_or_else(|| fail!(case, "WEIGHTBAY_SEED must be 64 hex digits"))
-        }
-        Err(_) => {
-            // A fresh seed from the standard library's per-process random hasher keys.
-            let mut seed = [0u8; 32];
-            for chunk in seed.chunks_mut(8) {
-                let random = std::hash::BuildHasher::hash_one(
-                    &std::collections::hash_map::RandomState::new(),
-                    0u8,
-                );
-                chunk.copy_from_slice(&random.to_le_bytes());
-            }
-            seed
-        }
-    };
-    let config = Config {
-        cases: property_cases(),
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-    if let Err(error) = runner.run(&strategy, test) {
-        let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
-        match error {
-            TestError::Fail(reason, input) => {
-                fail!(
-                    case,
-                    "{reason}\nminimal input: {input:#?}\nreplay with WEIGHTBAY_SEED={hex}"
-                )
-            }
-            TestError::Abort(reason) => fail!(case, "aborted: {reason} (WEIGHTBAY_SEED={hex})"),
-        }
-    }
-}
-
-pub(crate) fn parse_seed(hex: &str) -> Option<[u8; 32]> {
-    let mut seed = [0u8; 32];
-    if hex.len() != 64 {
-        return None;
-    }
-    for (i, byte) in seed.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(seed)
-}
 
 /// Bytes of a recognisable pattern, different for each `seed`.
 pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -305,10 +219,6 @@ pub(crate) fn assert_old_or_new(
         &[old.as_deref(), Some(&new)],
     );
 }
-
-/// Why the file-system cases cannot run on a backend.
-pub(crate) const NO_FILE_SYSTEM: &str =
-    "the backend does not do its I/O through weightbay::backend_kit::FileSystem";
 
 /// A container the backend writes as several pieces ([`Harness::several_parts_len`]), its
 /// bytes set by `fill`.
