@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{Args, ValueEnum};
 use weightbay::{Durability, ErrorKind, Format, Result, StorageExt, WriteMode, Writer};
 use weightbay_checkpoints::Checkpoints;
-use weightbay_object_store::Location;
+use weightbay_location::Location;
 
 use crate::escape::escaped;
 use crate::progress;

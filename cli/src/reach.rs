@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, LazyLock};
 
 use weightbay::Result;
-use weightbay_object_store::Location;
+use weightbay_location::Location;
 
 use crate::escape::escaped;
 

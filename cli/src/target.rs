@@ -7,7 +7,7 @@ use std::sync::Arc;
 use weightbay::ShardedWeights;
 use weightbay::{Error, ErrorKind, Reader, Result, Tensor};
 use weightbay_checkpoints::{Checkpoint, Checkpoints, StepState};
-use weightbay_object_store::Location;
+use weightbay_location::Location;
 
 use crate::reach::locate;
 

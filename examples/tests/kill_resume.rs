@@ -106,7 +106,7 @@ fn killed_and_resumed_incrementally_beside_gc(base: &str) {
     let args = ["--incremental"];
     let (reference, within) = reference(base, &args);
     let url = format!("{base}/killed");
-    let location = weightbay_object_store::Location::parse(&url).unwrap();
+    let location = weightbay_location::Location::parse(&url).unwrap();
     let checkpoints = Checkpoints::over(Arc::clone(&location.storage), location.key.clone());
     let done = std::sync::atomic::AtomicBool::new(false);
     let (kills, checked) = std::thread::scope(|scope| {
@@ -204,7 +204,7 @@ fn killed_savers_leave_no_upload_after_one_gc_on_the_s3_server() {
     assert!(kills > 0, "no kill landed");
     // Requests a killed process sent may still be landing.
     std::thread::sleep(Duration::from_secs(1));
-    let location = weightbay_object_store::Location::parse(&url).unwrap();
+    let location = weightbay_location::Location::parse(&url).unwrap();
     let open_before = weightbay_conformance::s3_open_uploads(&prefix).unwrap();
     let pending_before = location.storage.pending(&location.key).unwrap();
     let report = Checkpoints::over(Arc::clone(&location.storage), location.key.clone())

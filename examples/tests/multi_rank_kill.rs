@@ -154,7 +154,7 @@ fn killed_ranks_commit_once_rerun(url: &str, checkpoints: &Checkpoints, referenc
 
 fn checkpoints_at(url: &str) -> Checkpoints {
     if url.contains("://") {
-        let location = weightbay_object_store::Location::parse(url).unwrap();
+        let location = weightbay_location::Location::parse(url).unwrap();
         return Checkpoints::over(location.storage, location.key);
     }
     let storage: Arc<dyn Storage> = Arc::new(weightbay_local::LocalStorage::new(url));

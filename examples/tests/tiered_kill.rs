@@ -19,7 +19,7 @@ use weightbay_checkpoints::Checkpoints;
 const PROGRAM: &str = env!("CARGO_BIN_EXE_train-resume");
 
 fn checkpoints_at(url: &str) -> Checkpoints {
-    let location = weightbay_object_store::Location::parse(url).unwrap();
+    let location = weightbay_location::Location::parse(url).unwrap();
     Checkpoints::over(location.storage, location.key)
 }
 

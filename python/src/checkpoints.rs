@@ -10,7 +10,7 @@ use weightbay::{AccessPolicy, Bytes, Tensor, Writer};
 use weightbay_checkpoints::{
     Checkpoint, Checkpoints as Run, RankOutcome, RankSave, Region, Retention, SaveOptions,
 };
-use weightbay_object_store::Location;
+use weightbay_location::Location;
 
 use crate::assembled::Assembled;
 use crate::containers::{Container, chosen_format, writer};

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use weightbay::{AllocationProperty, Bytes, Format, Reader, Result, Tensor, TensorInfo, Writer};
+use weightbay_location::Location;
 use weightbay_mmap::{MmapSource, Prefetch};
-use weightbay_object_store::Location;
 
 use crate::dlpack::{self, HostTensor};
 use crate::errors::to_py;

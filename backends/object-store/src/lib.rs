@@ -41,7 +41,6 @@ mod error;
 mod http_client;
 mod journal;
 mod landed;
-mod location;
 mod options;
 mod pending;
 mod runtime;
@@ -54,7 +53,6 @@ mod throttle;
 mod url;
 
 pub use http_client::http_connector;
-pub use location::Location;
 pub use options::{MAX_PARTS, MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR, StallDetection};
 pub use runtime::Bridge;
 pub use source::ObjectSource;

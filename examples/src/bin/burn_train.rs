@@ -16,7 +16,7 @@ use burn_nn::{Linear, LinearConfig};
 use burn_optim::{GradientsParams, SgdConfig};
 use burn_store::ModuleSnapshot;
 use weightbay_burn::WeightbayStore;
-use weightbay_object_store::Location;
+use weightbay_location::Location;
 
 const STEPS: usize = 12;
 const EVERY: usize = 4;

@@ -18,7 +18,7 @@ use candle_nn::{Linear, VarBuilder, VarMap};
 use weightbay::Format;
 use weightbay::{PrefetchPlan, Prefetched, Reader, Storage};
 use weightbay_candle::{WeightbayBackend, save_var_map};
-use weightbay_object_store::Location;
+use weightbay_location::Location;
 
 struct Mlp {
     up: Linear,

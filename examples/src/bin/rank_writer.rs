@@ -37,7 +37,7 @@ fn rows_of(step: u64, t: usize, region: &Region) -> Vec<f32> {
 /// The checkpoints at `url`: a local directory (no scheme) or any object store URL.
 fn checkpoints_at(url: &str) -> Result<Checkpoints> {
     if url.contains("://") {
-        let location = weightbay_object_store::Location::parse(url)?;
+        let location = weightbay_location::Location::parse(url)?;
         return Ok(Checkpoints::over(location.storage, location.key));
     }
     let storage: Arc<dyn Storage> = Arc::new(weightbay_local::LocalStorage::new(url));

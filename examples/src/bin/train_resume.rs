@@ -104,7 +104,7 @@ fn as_tensors(weights: &[Vec<f32>], frozen: Option<&Tensor>) -> Vec<Tensor> {
 
 /// The checkpoints at `url`: the location's key is the run's prefix in its storage.
 fn checkpoints_at(url: &str) -> Result<Checkpoints> {
-    let location = weightbay_object_store::Location::parse(url)?;
+    let location = weightbay_location::Location::parse(url)?;
     Ok(Checkpoints::over(location.storage, location.key))
 }
 

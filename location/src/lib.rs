@@ -1,19 +1,20 @@
 //! Where a checkpoint lives: a location string (a path, or a URL) resolved to a storage and a
-//! key, as the `weightbay` command takes them.
+//! key, as the `weightbay` command takes them: a path or `file://` URL is a
+//! [`LocalStorage`] on its directory, an object-store URL (`s3://`, `gs://`, `az://`,
+//! `memory://`) a store [`weightbay_object_store::open_url`] opens. The CLI, the Python
+//! package and programs that take a location from their user share it.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use weightbay::{Error, Result, Storage};
 use weightbay_local::LocalStorage;
-
-use crate::stall::StallWatch;
-use crate::url::{Retry, open_url_with};
+use weightbay_object_store::{ObjectStorage, StallWatch};
 
 /// A storage and the key of one checkpoint in it, plus how to name it in messages.
 ///
 /// ```
-/// use weightbay_object_store::Location;
+/// use weightbay_location::Location;
 /// let local = Location::parse("checkpoints/model.bpk")?;
 /// assert_eq!((local.store.as_str(), local.key.as_str()), ("checkpoints", "model.bpk"));
 /// let memory = Location::parse("memory:///runs/model.safetensors")?;
@@ -29,34 +30,44 @@ pub struct Location {
     /// The store, as the user wrote it (credentials never appear in URLs we accept).
     pub store: String,
     /// What finds the store's stalled requests, and counts those it cut: an object store
-    /// [`open_url`](crate::open_url) built (S3, GCS, Azure); `None` for the others.
+    /// [`open_url`](weightbay_object_store::open_url) built (S3, GCS, Azure); `None` for the
+    /// others.
     pub stall_watch: Option<Arc<StallWatch>>,
 }
 
 impl Location {
     /// Resolves a path (a [`LocalStorage`] on its directory), a `file://` URL (the same), or an
     /// object-store URL (`s3://`, `gs://`, `az://`, `memory://`, and the https forms
-    /// object_store knows; see [`open_url`](crate::open_url)); the key is the last segment.
+    /// object_store knows; see [`open_url`](weightbay_object_store::open_url)); the key is the
+    /// last segment.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](weightbay::ErrorKind::InvalidInput) for a location that
     /// names no file; [`ErrorKind::Unsupported`](weightbay::ErrorKind::Unsupported) for an
     /// unknown scheme; the store's configuration errors.
     pub fn parse(input: &str) -> Result<Self> {
-        Self::parse_with(input, Retry::default())
+        Self::parse_with(input, |store| {
+            weightbay_object_store::open_url(store, std::iter::empty::<(&str, &str)>())
+        })
     }
 
     /// [`parse`](Self::parse) with a retry policy for the cloud stores, as
-    /// [`open_url_with_retry`](crate::open_url_with_retry) takes it.
+    /// [`open_url_with_retry`](weightbay_object_store::open_url_with_retry) takes it.
     ///
     /// # Errors
     /// As [`parse`](Self::parse).
-    #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
     pub fn parse_with_retry(input: &str, retry: object_store::RetryConfig) -> Result<Self> {
-        Self::parse_with(input, retry)
+        Self::parse_with(input, |store| {
+            weightbay_object_store::open_url_with_retry(
+                store,
+                std::iter::empty::<(&str, &str)>(),
+                retry,
+            )
+        })
     }
 
-    fn parse_with(input: &str, retry: Retry) -> Result<Self> {
+    /// [`parse`](Self::parse), an object store's prefix opened by `open`.
+    fn parse_with(input: &str, open: impl FnOnce(&str) -> Result<ObjectStorage>) -> Result<Self> {
         match input.split_once("://") {
             None => Self::local(Path::new(input), input),
             Some(("file", path)) => Self::local(Path::new(path), input),
@@ -90,7 +101,7 @@ impl Location {
                             "`{input}` names no object: expected {scheme}://bucket/path/file"
                         ))
                     })?;
-                let storage = open_url_with(store, std::iter::empty::<(&str, &str)>(), retry)?;
+                let storage = open(store)?;
                 Ok(Self {
                     stall_watch: storage.stall_watch().cloned(),
                     storage: Arc::new(storage),
