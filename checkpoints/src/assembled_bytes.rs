@@ -3,14 +3,13 @@
 //! streams it in windows (an export) never holds the tensor whole.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use weightbay::{
-    AccessPolicy, AllocationController, AllocationProperty, Bytes, Error, ErrorKind, Result,
-};
+use weightbay::{AccessPolicy, AllocationController, AllocationProperty, Bytes, Result};
 
 use crate::assembled::AssembledWeights;
 use crate::region::boxes_of_range;
+use crate::whole_when_asked::WholeWhenAsked;
 
 /// Tensor `name` of `assembled` as bytes read when asked for. `len` must be its length as
 /// [`AssembledWeights::checked_len`] gave it, `element_size` its dtype's.
@@ -27,7 +26,7 @@ pub(crate) fn assembled_bytes(
         shape,
         element_size,
         len,
-        whole: OnceLock::new(),
+        whole: WholeWhenAsked::default(),
     }))
 }
 
@@ -37,8 +36,7 @@ struct AssembledTensor {
     shape: Vec<u64>,
     element_size: usize,
     len: usize,
-    /// The whole tensor, once [`memory`](AllocationController::memory) was asked for it.
-    whole: OnceLock<Vec<u8>>,
+    whole: WholeWhenAsked,
 }
 
 impl AssembledTensor {
@@ -75,21 +73,17 @@ impl AllocationController for AssembledTensor {
     }
 
     fn memory(&self, policy: AccessPolicy) -> Result<&[u8]> {
-        if let Some(whole) = self.whole.get() {
-            return Ok(whole);
-        }
-        if policy == AccessPolicy::ZeroCopy {
-            return Err(Error::new(
-                ErrorKind::WouldCopy,
+        self.whole.memory(
+            policy,
+            self.len,
+            || {
                 format!(
                     "tensor `{}` is read from its slices when asked for",
                     self.name
-                ),
-            ));
-        }
-        let mut whole = vec![0; self.len];
-        self.read_at(0, &mut whole)?;
-        Ok(self.whole.get_or_init(|| whole))
+                )
+            },
+            |whole| self.read_at(0, whole),
+        )
     }
 
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {

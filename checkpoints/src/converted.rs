@@ -3,12 +3,13 @@
 //! export like any other instead of being held whole.
 
 use std::fmt;
-use std::sync::OnceLock;
 
 use weightbay::{
     AccessPolicy, AllocationController, AllocationProperty, ByteLen, Bytes, DType, Error,
     ErrorKind, Result, Tensor,
 };
+
+use crate::whole_when_asked::WholeWhenAsked;
 
 /// `tensor` under `name`, its bytes converted to `dtype` when both are floating point.
 pub(crate) fn converted(tensor: Tensor, name: String, dtype: Option<&DType>) -> Result<Tensor> {
@@ -43,7 +44,7 @@ pub(crate) fn converted(tensor: Tensor, name: String, dtype: Option<&DType>) -> 
             from: from.clone(),
             to: to.clone(),
             len: out_len,
-            whole: OnceLock::new(),
+            whole: WholeWhenAsked::default(),
         })))
     }))
 }
@@ -54,8 +55,7 @@ struct Converted {
     from: DType,
     to: DType,
     len: usize,
-    /// The whole tensor, once [`memory`](AllocationController::memory) was asked for it.
-    whole: OnceLock<Vec<u8>>,
+    whole: WholeWhenAsked,
 }
 
 impl AllocationController for Converted {
@@ -72,18 +72,12 @@ impl AllocationController for Converted {
     }
 
     fn memory(&self, policy: AccessPolicy) -> Result<&[u8]> {
-        if let Some(whole) = self.whole.get() {
-            return Ok(whole);
-        }
-        if policy == AccessPolicy::ZeroCopy {
-            return Err(Error::new(
-                ErrorKind::WouldCopy,
-                format!("converted from {} when read", self.from),
-            ));
-        }
-        let mut whole = vec![0; self.len];
-        self.read_at(0, &mut whole)?;
-        Ok(self.whole.get_or_init(|| whole))
+        self.whole.memory(
+            policy,
+            self.len,
+            || format!("converted from {} when read", self.from),
+            |whole| self.read_at(0, whole),
+        )
     }
 
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {

@@ -76,7 +76,8 @@
 //!   save as it writes (`promotion_stream`, over what the two share: `following`);
 //! - export to the Hugging Face layout (`export`): tensors read in pieces ahead of its writer
 //!   (`tensors_ahead`), assembled from rank slices by range (`assembled_bytes`) and converted
-//!   to another dtype as they are read (`converted`).
+//!   to another dtype as they are read (`converted`), each read whole only when asked
+//!   (`whole_when_asked`).
 
 /// The README's examples (which use this crate and `weightbay`), compiled and run as doctests.
 #[cfg(doctest)]
@@ -114,6 +115,7 @@ mod spliced;
 mod tensors_ahead;
 mod tier_retention;
 mod tiered;
+mod whole_when_asked;
 
 pub use assembled::AssembledWeights;
 pub use background::SaveHandle;

@@ -5,11 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use weightbay::{
     AccessPolicy, AllocationController, AllocationProperty, Bytes, Error, ErrorKind, Result, Tensor,
 };
+
+use crate::whole_when_asked::WholeWhenAsked;
 
 /// Threads reading ahead: as many pieces as this are asked for at once.
 const READERS: usize = 16;
@@ -281,7 +283,7 @@ impl TensorsAhead {
                 .map_err(|_| Error::new(ErrorKind::OutOfRange, "does not fit in memory"))?,
             source,
             in_hand: Mutex::new((0, bytes)),
-            whole: OnceLock::new(),
+            whole: WholeWhenAsked::default(),
         };
         Ok(Bytes::from_controller(Box::new(streamed)))
     }
@@ -402,8 +404,7 @@ struct Streamed {
     source: Bytes,
     /// The piece in hand and where it starts.
     in_hand: Mutex<(usize, Bytes)>,
-    /// The whole tensor, once [`memory`](AllocationController::memory) was asked for it.
-    whole: OnceLock<Vec<u8>>,
+    whole: WholeWhenAsked,
 }
 
 impl AllocationController for Streamed {
@@ -420,18 +421,12 @@ impl AllocationController for Streamed {
     }
 
     fn memory(&self, policy: AccessPolicy) -> Result<&[u8]> {
-        if let Some(whole) = self.whole.get() {
-            return Ok(whole);
-        }
-        if policy == AccessPolicy::ZeroCopy {
-            return Err(Error::new(
-                ErrorKind::WouldCopy,
-                "a tensor streamed in pieces",
-            ));
-        }
-        let mut whole = vec![0; self.len];
-        self.source.read_at(0, &mut whole)?;
-        Ok(self.whole.get_or_init(|| whole))
+        self.whole.memory(
+            policy,
+            self.len,
+            || "a tensor streamed in pieces".to_owned(),
+            |whole| self.source.read_at(0, whole),
+        )
     }
 
     fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
