@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem, HeldDir};
 use weightbay::{
     Bytes, CreateOptions, Error, ErrorKind, Listed, PositionedWrite, ReadBack, Result, Sink,
     Source, Storage,
@@ -457,6 +457,12 @@ impl FileSystem for FaultyFileSystem {
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         self.plan
             .file_op("create_dir_all", || self.inner.create_dir_all(dir))
+    }
+
+    fn hold_dir_below(&self, root: &Path, relative: &Path) -> io::Result<HeldDir> {
+        self.plan.file_op("hold_dir_below", || {
+            self.inner.hold_dir_below(root, relative)
+        })
     }
 
     fn remove_dir(&self, dir: &Path) -> io::Result<()> {

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, ThreadId};
 use std::time::Duration;
 
-use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem, HeldDir};
 
 /// How long an operation waits for the other thread's before the case gives up on it.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -139,6 +139,9 @@ impl FileSystem for Lockstep {
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         self.step(|| self.inner.create_dir_all(dir))
+    }
+    fn hold_dir_below(&self, root: &Path, relative: &Path) -> io::Result<HeldDir> {
+        self.step(|| self.inner.hold_dir_below(root, relative))
     }
     fn remove_dir(&self, dir: &Path) -> io::Result<()> {
         self.step(|| self.inner.remove_dir(dir))

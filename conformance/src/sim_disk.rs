@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem, HeldDir, hold_dir_plainly};
 
 #[derive(Debug, Clone, Default)]
 struct Inode {
@@ -347,6 +347,11 @@ impl FileSystem for SimulatedDisk {
             );
             Ok(names)
         })
+    }
+
+    /// A simulated disk has no symlinks: the plain path.
+    fn hold_dir_below(&self, root: &Path, relative: &Path) -> io::Result<HeldDir> {
+        hold_dir_plainly(self, root, relative)
     }
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {

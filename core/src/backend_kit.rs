@@ -5,7 +5,7 @@
 //! Users who only save and load never need this module.
 
 pub use crate::copy::{copy_by_position, copy_to_sink};
-pub use crate::fs::{EntryKind, FileHandle, FileSystem};
+pub use crate::fs::{EntryKind, FileHandle, FileSystem, HeldDir, hold_dir_plainly};
 pub use crate::keys::{
     MAX_KEY_LEN, is_under, is_unique_token, unique_token, validate_key, validate_prefix,
 };

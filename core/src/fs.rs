@@ -7,8 +7,9 @@
 
 use std::ffi::OsString;
 use std::fmt;
+use std::fs::File;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// An open file.
 ///
@@ -67,6 +68,64 @@ pub enum EntryKind {
     Other,
 }
 
+/// A directory below a root, held as [`FileSystem::hold_dir_below`] found or made it: a path
+/// that names that very directory for as long as this value lives, whatever is renamed or
+/// linked in the tree meanwhile, and the directories made for it.
+#[derive(Debug)]
+pub struct HeldDir {
+    path: PathBuf,
+    created: Vec<PathBuf>,
+    /// The open directory `path` goes through, where it goes through one.
+    _handle: Option<File>,
+}
+
+impl HeldDir {
+    /// The directory named by `path`, which stays its name while `handle` is open (`None`
+    /// where `path` is a plain path), with the directories made for it, deepest first.
+    pub fn new(path: PathBuf, created: Vec<PathBuf>, handle: Option<File>) -> Self {
+        Self {
+            path,
+            created,
+            _handle: handle,
+        }
+    }
+
+    /// The path to create, rename, link and sync the directory's entries through: on Linux
+    /// the open directory's descriptor under `/proc/self/fd`, so no symlink swapped in on the
+    /// way from the root is followed; elsewhere the plain path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The directories made for it (the root's missing ancestors included), as plain paths,
+    /// deepest first: each must be made durable in its parent, and removed if the write they
+    /// were made for is abandoned.
+    pub fn created(&self) -> &[PathBuf] {
+        &self.created
+    }
+}
+
+/// [`FileSystem::hold_dir_below`] for a file system with no symlinks (a simulated disk): the
+/// directory `root/relative`, made with [`FileSystem::create_dir_all`] and named by its plain
+/// path; the missing ones are found with [`FileSystem::list_dir`].
+///
+/// # Errors
+/// As `create_dir_all`.
+pub fn hold_dir_plainly(
+    fs: &(impl FileSystem + ?Sized),
+    root: &Path,
+    relative: &Path,
+) -> io::Result<HeldDir> {
+    let dir = root.join(relative);
+    let created = dir
+        .ancestors()
+        .take_while(|ancestor| fs.list_dir(ancestor).is_err())
+        .map(Path::to_path_buf)
+        .collect();
+    fs.create_dir_all(&dir)?;
+    Ok(HeldDir::new(dir, created, None))
+}
+
 /// Directory and file operations, named after their `std::fs` counterparts.
 ///
 /// # Contract
@@ -80,6 +139,8 @@ pub enum EntryKind {
 /// directory between `root` and the removed name is opened without following links, from the
 /// handle of the one above it, so a path with a symlink on it fails, even one swapped in after
 /// a listing; the removed name itself, a symlink included, is removed as a name.
+/// [`hold_dir_below`](Self::hold_dir_below) walks down from `root` the same way, so entries
+/// created through the directory it holds are never created through a symlink below `root`.
 pub trait FileSystem: Send + Sync + fmt::Debug {
     /// Creates `path` for writing; fails if it exists.
     ///
@@ -87,10 +148,12 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     /// `AlreadyExists`; the operating system's error.
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn FileHandle>>;
 
-    /// Opens `path` for writing, creating or truncating it, following symlinks.
+    /// Opens `path` for writing, creating or truncating it; a symlink at `path` itself is
+    /// refused, not followed (the directories above it are the caller's to hold, see
+    /// [`hold_dir_below`](Self::hold_dir_below)).
     ///
     /// # Errors
-    /// The operating system's error.
+    /// The operating system's error (`ELOOP` for a symlink, on Unix).
     fn create_truncate(&self, path: &Path) -> io::Result<Box<dyn FileHandle>>;
 
     /// Opens `path` for reading.
@@ -137,6 +200,17 @@ pub trait FileSystem: Send + Sync + fmt::Debug {
     /// # Errors
     /// As `remove_file_below`; an error (of any kind) when it is not empty or is no directory.
     fn remove_dir_below(&self, root: &Path, relative: &Path) -> io::Result<()>;
+
+    /// The directory `relative` below `root` (a path of plain names; empty for `root`), made
+    /// with its missing parents, and held ([`HeldDir`]): never through a symlink below
+    /// `root`, each directory on the way opened or made from the handle of the one above it
+    /// without following links, so a path with a symlink on it fails, even one swapped in
+    /// meanwhile. `root` itself, and what lies above it, may be symlinks: the caller named it.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a `relative` with `..`, `.` or a root; an error naming the symlink
+    /// when a directory on the way is one; the operating system's error.
+    fn hold_dir_below(&self, root: &Path, relative: &Path) -> io::Result<HeldDir>;
 
     /// Makes the entries of directory `dir` durable (fsync of the directory).
     ///

@@ -7,19 +7,25 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use weightbay::backend_kit::{FileHandle, FileSystem, check_deadline, check_written};
+use weightbay::backend_kit::{FileHandle, FileSystem, HeldDir, check_deadline, check_written};
 use weightbay::{Error, ErrorKind, PositionedWrite, ReadBack, Result, Sink};
 
 use crate::file_writes::{FileWrites, io_error, written_len};
 
-/// Writes a scratch file and publishes it by rename (or hard link, for create-new).
+/// Writes a scratch file and publishes it by rename (or hard link, for create-new), both in
+/// the directory it holds, so no symlink swapped in on the way from the root is followed.
 pub(crate) struct AtomicSink {
     pub(crate) fs: Arc<dyn FileSystem>,
+    /// The storage's root, which the directories made for this save lie below.
+    pub(crate) root: PathBuf,
+    /// The destination's directory, held since the scratch file was made in it.
+    pub(crate) dir: HeldDir,
     /// `None` once committed.
     pub(crate) file: Option<Box<dyn FileHandle>>,
+    /// The scratch file and the destination as the caller knows them, for messages; the
+    /// operations go through [`at`](Self::at).
     pub(crate) scratch: PathBuf,
     pub(crate) path: PathBuf,
-    pub(crate) parent: PathBuf,
     pub(crate) create_new: bool,
     pub(crate) durable: bool,
     pub(crate) written: u64,
@@ -29,8 +35,14 @@ pub(crate) struct AtomicSink {
     pub(crate) positioned: bool,
     /// A file write does not block for long, so the deadline is kept between calls.
     pub(crate) deadline: Option<Instant>,
-    /// Directories created for this save, deepest first.
-    pub(crate) new_dirs: Vec<PathBuf>,
+}
+
+impl AtomicSink {
+    /// Where the entry `shown` (the scratch file or the destination) is reached: its name in
+    /// the held directory.
+    pub(crate) fn at(&self, shown: &Path) -> PathBuf {
+        self.dir.path().join(shown.file_name().unwrap_or_default())
+    }
 }
 
 impl Sink for AtomicSink {
@@ -61,10 +73,13 @@ impl Sink for AtomicSink {
         }
         drop(file);
         if self.create_new {
-            match self.fs.hard_link(&self.scratch, &self.path) {
+            match self
+                .fs
+                .hard_link(&self.at(&self.scratch), &self.at(&self.path))
+            {
                 Ok(()) => {
                     // The container is published; the scratch name is only a second link.
-                    let _ = self.fs.remove_file(&self.scratch);
+                    let _ = self.fs.remove_file(&self.at(&self.scratch));
                 }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     return Err(Error::new(
@@ -76,7 +91,10 @@ impl Sink for AtomicSink {
                     // No hard links here (some FUSE and network file systems). Looking for the
                     // name and then renaming would let two racing writers both win; only a
                     // rename that refuses an existing name in the same step keeps one winner.
-                    match self.fs.rename_no_replace(&self.scratch, &self.path) {
+                    match self
+                        .fs
+                        .rename_no_replace(&self.at(&self.scratch), &self.at(&self.path))
+                    {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                             return Err(Error::new(
@@ -102,11 +120,12 @@ impl Sink for AtomicSink {
                 Err(e) => return Err(io_error("linking", &self.path, e)),
             }
         } else {
+            let (scratch, path) = (self.at(&self.scratch), self.at(&self.path));
             self.fs
-                .copy_permissions(&self.path, &self.scratch)
+                .copy_permissions(&path, &scratch)
                 .map_err(|e| io_error("copying permissions of", &self.path, e))?;
             self.fs
-                .rename(&self.scratch, &self.path)
+                .rename(&scratch, &path)
                 .map_err(|e| io_error("renaming onto", &self.path, e))?;
         }
         // Published: from here on, Drop must not remove anything, and an error means the
@@ -120,10 +139,11 @@ impl Sink for AtomicSink {
                     e,
                 )
             };
+            let parent = self.path.parent().unwrap_or(&self.root);
             self.fs
-                .sync_dir(&self.parent)
-                .map_err(|e| unsynced(&self.parent, e))?;
-            for dir in &self.new_dirs {
+                .sync_dir(self.dir.path())
+                .map_err(|e| unsynced(parent, e))?;
+            for dir in self.dir.created() {
                 if let Some(parent) = dir.parent() {
                     self.fs.sync_dir(parent).map_err(|e| unsynced(parent, e))?;
                 }
@@ -146,7 +166,7 @@ impl Sink for AtomicSink {
     fn read_back(&self) -> Option<Arc<dyn ReadBack>> {
         // A handle that cannot be opened means no read-back: the copy then waits for the
         // commit and reads the published file, as it would from any sink.
-        let file = self.fs.open(&self.scratch).ok()?;
+        let file = self.fs.open(&self.at(&self.scratch)).ok()?;
         Some(Arc::new(ScratchReadBack {
             file,
             path: self.scratch.clone(),
@@ -177,17 +197,22 @@ impl Drop for AtomicSink {
             self.file = None;
             // Best effort: a scratch file that cannot be removed now is found later by
             // `clean_pending`.
-            let _ = self.fs.remove_file(&self.scratch);
-            remove_new_dirs(self.fs.as_ref(), &self.new_dirs);
+            let _ = self.fs.remove_file(&self.at(&self.scratch));
+            remove_new_dirs(self.fs.as_ref(), &self.root, &self.dir);
         }
     }
 }
 
-/// Removes the directories a save created (deepest first), unless something else now lives
-/// in them. Best effort: this runs when a save is abandoned.
-pub(crate) fn remove_new_dirs(fs: &dyn FileSystem, new_dirs: &[PathBuf]) {
-    for dir in new_dirs {
-        if fs.remove_dir(dir).is_err() {
+/// Removes the directories made for `dir` (deepest first), unless something else now lives in
+/// them; those below `root` never through a symlink. Best effort: this runs when a save is
+/// abandoned.
+pub(crate) fn remove_new_dirs(fs: &dyn FileSystem, root: &Path, dir: &HeldDir) {
+    for made in dir.created() {
+        let removed = match made.strip_prefix(root) {
+            Ok(relative) if !relative.as_os_str().is_empty() => fs.remove_dir_below(root, relative),
+            _ => fs.remove_dir(made),
+        };
+        if removed.is_err() {
             break;
         }
     }

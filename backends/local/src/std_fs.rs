@@ -7,7 +7,7 @@ use std::path::Path;
 #[cfg(target_os = "linux")]
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem, HeldDir};
 
 /// `std::fs`, unchanged.
 #[derive(Debug, Clone, Copy, Default)]
@@ -204,12 +204,14 @@ impl FileSystem for StdFileSystem {
     }
 
     fn create_truncate(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)?;
-        Ok(Box::new(StdFile::new(file)))
+        let mut options = OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.custom_flags(libc::O_NOFOLLOW);
+        }
+        Ok(Box::new(StdFile::new(options.open(path)?)))
     }
 
     fn open(&self, path: &Path) -> io::Result<Box<dyn FileHandle>> {
@@ -290,6 +292,10 @@ impl FileSystem for StdFileSystem {
         below::remove(root, relative, true)
     }
 
+    fn hold_dir_below(&self, root: &Path, relative: &Path) -> io::Result<HeldDir> {
+        below::hold(root, relative)
+    }
+
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         // Windows cannot open a directory as a file; NTFS journals renames itself.
         if cfg!(unix) {
@@ -336,10 +342,12 @@ impl FileSystem for StdFileSystem {
     }
 }
 
-/// Removal below a root that never goes through a symlink.
+/// Removal and creation below a root that never go through a symlink.
 mod below {
     use std::io;
-    use std::path::{Component, Path};
+    use std::path::{Component, Path, PathBuf};
+
+    use weightbay::backend_kit::HeldDir;
 
     /// The plain names of `relative`, refusing `..`, `.` and roots.
     fn names(relative: &Path) -> io::Result<Vec<&std::ffi::OsStr>> {
@@ -358,28 +366,49 @@ mod below {
             .collect()
     }
 
-    /// Removes `relative` below `root` (a directory if `directory`): each directory on the
-    /// way opened from its parent's handle with `O_NOFOLLOW`, then the last name unlinked
-    /// from its directory's handle, so no symlink is followed below `root`, however the
-    /// tree changes meanwhile.
+    /// The error for a name on the way down that is a symlink or no directory.
+    fn not_through(
+        root: &Path,
+        on_the_way: &[&std::ffi::OsStr],
+        what: &str,
+        e: &io::Error,
+    ) -> io::Error {
+        let on_the_way: PathBuf = on_the_way.iter().collect();
+        io::Error::other(format!(
+            "{} is a symlink or no directory: nothing is {what} through one ({e})",
+            root.join(on_the_way).display()
+        ))
+    }
+
+    /// The root's missing ancestors, deepest first, once made: the root may be a symlink, or
+    /// lie below one, since the caller named it.
+    fn make_root(root: &Path) -> io::Result<Vec<PathBuf>> {
+        let missing = root
+            .ancestors()
+            .take_while(|dir| std::fs::symlink_metadata(dir).is_err())
+            .map(Path::to_path_buf)
+            .collect();
+        std::fs::create_dir_all(root)?;
+        Ok(missing)
+    }
+
     #[cfg(target_os = "linux")]
-    pub(super) fn remove(root: &Path, relative: &Path, directory: bool) -> io::Result<()> {
-        use std::ffi::CString;
+    mod at {
+        use std::ffi::{CString, OsStr};
+        use std::io;
         use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         use std::os::unix::ffi::OsStrExt;
+        use std::path::Path;
 
-        let names = names(relative)?;
-        let Some((last, dirs)) = names.split_last() else {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "nothing to remove below the root",
-            ));
-        };
-        let c_name = |name: &std::ffi::OsStr| {
+        pub(super) fn c_name(name: &OsStr) -> io::Result<CString> {
             CString::new(name.as_bytes())
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-        };
-        let open = |at: libc::c_int, name: &CString, follow: bool| -> io::Result<OwnedFd> {
+        }
+
+        /// The directory `name` in the directory `at` (or AT_FDCWD), opened; a symlink is
+        /// followed only where `follow`.
+        pub(super) fn open_dir(at: libc::c_int, name: &OsStr, follow: bool) -> io::Result<OwnedFd> {
+            let name = c_name(name)?;
             let no_follow = if follow { 0 } else { libc::O_NOFOLLOW };
             // SAFETY: `name` is NUL-terminated and outlives the call; `at` is a directory
             // descriptor held open by the caller, or AT_FDCWD.
@@ -395,25 +424,61 @@ mod below {
             }
             // SAFETY: a descriptor just returned by openat, owned by nothing else.
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        }
+
+        /// Makes the directory `name` in the directory `dir`; `Ok(false)` if it exists.
+        pub(super) fn make_dir(dir: &OwnedFd, name: &OsStr) -> io::Result<bool> {
+            let name = c_name(name)?;
+            // SAFETY: `dir` is an open directory descriptor and `name` is NUL-terminated.
+            if unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o777) } == 0 {
+                return Ok(true);
+            }
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::AlreadyExists {
+                Ok(false)
+            } else {
+                Err(error)
+            }
+        }
+
+        /// Whether an `openat` failed because the name was a symlink or no directory.
+        pub(super) fn is_not_through(e: &io::Error) -> bool {
+            matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
+        }
+
+        /// The root, opened following links.
+        pub(super) fn open_root(root: &Path) -> io::Result<OwnedFd> {
+            open_dir(libc::AT_FDCWD, root.as_os_str(), true)
+        }
+    }
+
+    /// Removes `relative` below `root` (a directory if `directory`): each directory on the
+    /// way opened from its parent's handle with `O_NOFOLLOW`, then the last name unlinked
+    /// from its directory's handle, so no symlink is followed below `root`, however the
+    /// tree changes meanwhile.
+    #[cfg(target_os = "linux")]
+    pub(super) fn remove(root: &Path, relative: &Path, directory: bool) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+
+        let names = names(relative)?;
+        let Some((last, dirs)) = names.split_last() else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nothing to remove below the root",
+            ));
         };
-        // The root itself may be a symlink: the caller named it.
-        let mut dir = open(libc::AT_FDCWD, &c_name(root.as_os_str())?, true)?;
+        let mut dir = at::open_root(root)?;
         for (depth, name) in dirs.iter().enumerate() {
-            dir = open(dir.as_raw_fd(), &c_name(name)?, false).map_err(|e| {
-                if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR)
-                {
-                    let on_the_way: std::path::PathBuf = dirs[..=depth].iter().collect();
-                    io::Error::other(format!(
-                        "{} is a symlink or no directory: nothing is removed through one ({e})",
-                        root.join(on_the_way).display()
-                    ))
+            dir = at::open_dir(dir.as_raw_fd(), name, false).map_err(|e| {
+                if at::is_not_through(&e) {
+                    not_through(root, &dirs[..=depth], "removed", &e)
                 } else {
                     e
                 }
             })?;
         }
         let flags = if directory { libc::AT_REMOVEDIR } else { 0 };
-        let name = c_name(last)?;
+        let name = at::c_name(last)?;
         // SAFETY: `dir` is an open directory descriptor and `name` is NUL-terminated.
         if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) } == 0 {
             Ok(())
@@ -422,27 +487,117 @@ mod below {
         }
     }
 
+    /// Holds `relative` below `root`, making what is missing: each directory on the way
+    /// opened (or made, then opened) from its parent's handle with `O_NOFOLLOW`; the result
+    /// names the last one through its descriptor under `/proc/self/fd`, so what is created
+    /// through it lands in that directory, whatever is renamed or linked on the way later.
+    #[cfg(target_os = "linux")]
+    pub(super) fn hold(root: &Path, relative: &Path) -> io::Result<HeldDir> {
+        use std::os::fd::AsRawFd;
+
+        let names = names(relative)?;
+        let mut created_below = Vec::new();
+        let created_above = make_root(root)?;
+        let mut dir = at::open_root(root)?;
+        for (depth, name) in names.iter().enumerate() {
+            let opened = match at::open_dir(dir.as_raw_fd(), name, false) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if at::make_dir(&dir, name)? {
+                        created_below.push(root.join(names[..=depth].iter().collect::<PathBuf>()));
+                    }
+                    at::open_dir(dir.as_raw_fd(), name, false)
+                }
+                opened => opened,
+            };
+            dir = opened.map_err(|e| {
+                if at::is_not_through(&e) {
+                    not_through(root, &names[..=depth], "written", &e)
+                } else {
+                    e
+                }
+            })?;
+        }
+        let path = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+        if !path.is_dir() {
+            // No /proc: a plain path, checked once (a link swapped in later is followed).
+            return Ok(HeldDir::new(
+                root.join(relative),
+                with_above(created_below, created_above),
+                None,
+            ));
+        }
+        Ok(HeldDir::new(
+            path,
+            with_above(created_below, created_above),
+            Some(std::fs::File::from(dir)),
+        ))
+    }
+
+    /// The directories made below the root (shallowest first) and the root's own, deepest
+    /// first.
+    fn with_above(mut below: Vec<PathBuf>, above: Vec<PathBuf>) -> Vec<PathBuf> {
+        below.reverse();
+        below.extend(above);
+        below
+    }
+
+    /// Checks that none of `names`, walked down from `root`, is a symlink or no directory;
+    /// the walk ends at the first one missing.
+    #[cfg(not(target_os = "linux"))]
+    fn check_on_the_way(root: &Path, names: &[&std::ffi::OsStr], what: &str) -> io::Result<()> {
+        let mut path = root.to_path_buf();
+        for (depth, name) in names.iter().enumerate() {
+            path.push(name);
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => {
+                    let e = io::Error::other("not a directory");
+                    return Err(not_through(root, &names[..=depth], what, &e));
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Where there is no `openat`: each directory on the way is checked not to be a symlink,
     /// then the path removed. A link swapped in between the two is followed: only Linux
     /// removes race-free.
     #[cfg(not(target_os = "linux"))]
     pub(super) fn remove(root: &Path, relative: &Path, directory: bool) -> io::Result<()> {
         let names = names(relative)?;
-        let mut path = root.to_path_buf();
-        for name in names.iter().take(names.len().saturating_sub(1)) {
-            path.push(name);
-            if std::fs::symlink_metadata(&path)?.file_type().is_symlink() {
-                return Err(io::Error::other(format!(
-                    "{} is a symlink: nothing is removed through one",
-                    path.display()
-                )));
-            }
-        }
+        check_on_the_way(root, &names[..names.len().saturating_sub(1)], "removed")?;
         let path = root.join(relative);
         if directory {
             std::fs::remove_dir(path)
         } else {
             std::fs::remove_file(path)
         }
+    }
+
+    /// Where there is no `openat`: the directories on the way are checked not to be
+    /// symlinks, then made, and the result is the plain path. A link swapped in later is
+    /// followed: only Linux writes race-free.
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn hold(root: &Path, relative: &Path) -> io::Result<HeldDir> {
+        let names = names(relative)?;
+        let created_above = make_root(root)?;
+        check_on_the_way(root, &names, "written")?;
+        let dir = root.join(relative);
+        let created_below = dir
+            .ancestors()
+            .take_while(|d| *d != root && std::fs::symlink_metadata(d).is_err())
+            .map(Path::to_path_buf)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        std::fs::create_dir_all(&dir)?;
+        Ok(HeldDir::new(
+            dir,
+            with_above(created_below, created_above),
+            None,
+        ))
     }
 }

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem, validate_key, validate_prefix};
+use weightbay::backend_kit::{
+    EntryKind, FileHandle, FileSystem, HeldDir, validate_key, validate_prefix,
+};
 use weightbay::{
     Capabilities, CreateOptions, Durability, Error, ErrorKind, Listed, PendingWrite, Result, Sink,
     Source, Storage, WriteMode,
@@ -47,18 +49,26 @@ impl LocalStorage {
         &self.root
     }
 
-    /// Creates the scratch file in `parent`, creating `parent` again if a delete of its last
-    /// key removed it between this save's `create_dir_all` and now.
-    fn create_scratch(&self, parent: &Path, scratch: &Path) -> io::Result<Box<dyn FileHandle>> {
+    /// The directory `relative` (below the root) held, and the scratch file `name` created in
+    /// it, holding the directory again if a delete of its last key removed it between the two.
+    fn create_scratch(
+        &self,
+        relative: &Path,
+        name: &str,
+    ) -> io::Result<(HeldDir, Box<dyn FileHandle>)> {
         const ATTEMPTS: usize = 3;
         let mut attempt = 1;
         loop {
-            match self.fs.create_new(scratch) {
+            let dir = self.fs.hold_dir_below(&self.root, relative)?;
+            match self.fs.create_new(&dir.path().join(name)) {
+                Ok(file) => return Ok((dir, file)),
                 Err(e) if e.kind() == io::ErrorKind::NotFound && attempt < ATTEMPTS => {
-                    self.fs.create_dir_all(parent)?;
                     attempt += 1;
                 }
-                result => return result,
+                Err(e) => {
+                    remove_new_dirs(self.fs.as_ref(), &self.root, &dir);
+                    return Err(e);
+                }
             }
         }
     }
@@ -191,19 +201,20 @@ impl Storage for LocalStorage {
         self.capabilities().check(options)?;
         let durable = options.durability != Durability::Flushed;
         let parent = path.parent().unwrap_or(&self.root).to_path_buf();
-        // Directories this save creates must be made durable too, each in its own parent.
-        let new_dirs: Vec<PathBuf> = parent
-            .ancestors()
-            .take_while(|dir| self.fs.list_dir(dir).is_err())
-            .map(Path::to_path_buf)
-            .collect();
-        self.fs
-            .create_dir_all(&parent)
-            .map_err(|e| io_error("creating directory", &parent, e))?;
+        let relative = Path::new(key).parent().unwrap_or(Path::new(""));
+        let file_name = path
+            .file_name()
+            .unwrap_or(OsStr::new("container"))
+            .to_string_lossy()
+            .into_owned();
         if options.mode == WriteMode::InPlace {
+            let dir = self
+                .fs
+                .hold_dir_below(&self.root, relative)
+                .map_err(|e| io_error("creating directory", &parent, e))?;
             let file = self
                 .fs
-                .create_truncate(&path)
+                .create_truncate(&dir.path().join(&file_name))
                 .map_err(|e| io_error("opening", &path, e))?;
             return Ok(Box::new(InPlaceSink {
                 file,
@@ -215,36 +226,34 @@ impl Storage for LocalStorage {
                 deadline: options.deadline,
             }));
         }
-        if options.mode == WriteMode::CreateNew && self.fs.open(&path).is_ok() {
-            return Err(Error::new(ErrorKind::AlreadyExists, "file exists").with_key(key));
-        }
-        let file_name = path
-            .file_name()
-            .unwrap_or(OsStr::new("container"))
-            .to_string_lossy();
-        let scratch = parent.join(format!(
+        let scratch_name = format!(
             "{file_name}.{}-{}{SCRATCH_SUFFIX}",
             std::process::id(),
             NEXT_SCRATCH.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = self.create_scratch(&parent, &scratch).map_err(|e| {
-            remove_new_dirs(self.fs.as_ref(), &new_dirs);
-            io_error("creating", &scratch, e)
-        })?;
-        Ok(Box::new(AtomicSink {
+        );
+        let scratch = parent.join(&scratch_name);
+        let (dir, file) = self
+            .create_scratch(relative, &scratch_name)
+            .map_err(|e| io_error("creating", &scratch, e))?;
+        let sink = AtomicSink {
             fs: Arc::clone(&self.fs),
+            root: self.root.clone(),
+            dir,
             file: Some(file),
             scratch,
             path,
-            parent,
             create_new: options.mode == WriteMode::CreateNew,
             durable,
             written: 0,
             expected_len: options.expected_len,
             positioned: false,
             deadline: options.deadline,
-            new_dirs,
-        }))
+        };
+        if options.mode == WriteMode::CreateNew && self.fs.open(&sink.at(&sink.path)).is_ok() {
+            // Dropped: its scratch file and the directories it made go.
+            return Err(Error::new(ErrorKind::AlreadyExists, "file exists").with_key(key));
+        }
+        Ok(Box::new(sink))
     }
 
     fn open(&self, key: &str) -> Result<Arc<dyn Source>> {

@@ -6,7 +6,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
-use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem};
+use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem, HeldDir};
 use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
 use weightbay_conformance::{
     Case, FaultPlan, FaultyFileSystem, Harness, Outcome, failure_of, failure_of_in,
@@ -188,6 +188,9 @@ impl FileSystem for DefectiveFs {
     }
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         self.answer(self.inner.create_dir_all(dir))
+    }
+    fn hold_dir_below(&self, root: &Path, relative: &Path) -> io::Result<HeldDir> {
+        self.answer(self.inner.hold_dir_below(root, relative))
     }
     fn remove_dir(&self, dir: &Path) -> io::Result<()> {
         self.answer(self.inner.remove_dir(dir))

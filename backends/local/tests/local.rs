@@ -44,7 +44,7 @@ fn permissions_carry_over_and_symlinks_are_replaced() {
 }
 
 #[test]
-fn in_place_writes_keep_the_inode_and_follow_symlinks() {
+fn in_place_writes_keep_the_inode_and_other_hard_links() {
     let dir = tempfile::tempdir().unwrap();
     let storage = LocalStorage::new(dir.path());
     container(1, 10).write_to(&storage, "m.bpk").unwrap();
@@ -351,7 +351,7 @@ fn deleting_the_last_key_of_a_directory_removes_the_directories_left_empty() {
 }
 
 /// The standard file system, but the first scratch file created runs `before` first: the
-/// moment a delete of a directory's last key can fall between a save's `create_dir_all` and
+/// moment a delete of a directory's last key can fall between a save's `hold_dir_below` and
 /// its scratch file.
 struct DeleteFirst {
     before: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
@@ -426,6 +426,13 @@ impl weightbay::backend_kit::FileSystem for DeleteFirst {
     }
     fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
         weightbay_local::StdFileSystem.create_dir_all(dir)
+    }
+    fn hold_dir_below(
+        &self,
+        root: &std::path::Path,
+        relative: &std::path::Path,
+    ) -> std::io::Result<weightbay::backend_kit::HeldDir> {
+        weightbay_local::StdFileSystem.hold_dir_below(root, relative)
     }
     fn remove_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
         weightbay_local::StdFileSystem.remove_dir(dir)

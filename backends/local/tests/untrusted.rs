@@ -5,7 +5,7 @@
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use weightbay::{ErrorKind, Storage};
+use weightbay::{CreateOptions, ErrorKind, Storage, WriteMode};
 use weightbay_local::LocalStorage;
 
 /// A canary tree at `dir`: a run's step with its files, and their bytes.
@@ -112,4 +112,110 @@ fn loops_and_deep_link_trees_cost_nothing() {
         ErrorKind::Io,
         "a missing key is NotFound"
     );
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Writes `bytes` as `key` in `mode`, committed.
+fn save(storage: &LocalStorage, key: &str, mode: WriteMode, bytes: &[u8]) -> weightbay::Result<()> {
+    let mut sink = storage.create(key, &CreateOptions::default().with_mode(mode))?;
+    sink.write(bytes)?;
+    sink.commit()
+}
+
+#[test]
+fn saves_never_go_through_a_symlinked_directory() {
+    let top = tempfile::tempdir().unwrap();
+    let files = canary(&top.path().join("elsewhere"));
+    let victim_step = top.path().join("elsewhere/victim-run/step-1");
+    let root = top.path().join("root");
+    std::fs::create_dir_all(root.join("run")).unwrap();
+    symlink(&victim_step, root.join("run/step-1")).unwrap();
+    symlink(top.path().join("elsewhere/victim-run"), root.join("linked")).unwrap();
+    let storage = LocalStorage::new(&root);
+
+    for mode in [
+        WriteMode::Overwrite,
+        WriteMode::CreateNew,
+        WriteMode::InPlace,
+    ] {
+        for key in [
+            "run/step-1/model.bpk",
+            "run/step-1/other.bpk",
+            "linked/step-1/commit.json",
+            "linked/step-2/new.bpk",
+        ] {
+            let err = save(&storage, key, mode, b"planted").unwrap_err();
+            assert!(err.to_string().contains("symlink"), "{mode:?} {key}: {err}");
+        }
+    }
+    assert_intact(&files);
+    assert_eq!(names_in(&victim_step), ["commit.json", "model.bpk"]);
+    assert_eq!(
+        names_in(&top.path().join("elsewhere/victim-run")),
+        ["step-1"]
+    );
+}
+
+#[test]
+fn a_symlink_swapped_in_after_a_save_began_is_not_written_through() {
+    let top = tempfile::tempdir().unwrap();
+    let files = canary(&top.path().join("elsewhere"));
+    let victim_step = top.path().join("elsewhere/victim-run/step-1");
+    let root = top.path().join("root");
+    let storage = LocalStorage::new(&root);
+    for mode in [WriteMode::Overwrite, WriteMode::CreateNew] {
+        let _ = std::fs::remove_file(root.join("run/step-1"));
+        let _ = std::fs::remove_dir_all(root.join("run"));
+        let mut sink = storage
+            .create(
+                "run/step-1/model.bpk",
+                &CreateOptions::default().with_mode(mode),
+            )
+            .unwrap();
+        sink.write(b"the save's bytes").unwrap();
+        // The directory the save began in moves away, and a link to the victim takes its name.
+        std::fs::rename(root.join("run/step-1"), root.join("run/moved")).unwrap();
+        symlink(&victim_step, root.join("run/step-1")).unwrap();
+        sink.commit().unwrap();
+        assert_intact(&files);
+        assert_eq!(
+            names_in(&victim_step),
+            ["commit.json", "model.bpk"],
+            "{mode:?}"
+        );
+        assert_eq!(
+            std::fs::read(root.join("run/moved/model.bpk")).unwrap(),
+            b"the save's bytes",
+            "{mode:?}: the save lands in the directory it began in"
+        );
+    }
+}
+
+#[test]
+fn an_in_place_save_never_truncates_a_linked_file() {
+    let top = tempfile::tempdir().unwrap();
+    let files = canary(&top.path().join("elsewhere"));
+    let root = top.path().join("root");
+    std::fs::create_dir_all(root.join("snapshot")).unwrap();
+    symlink(&files[1].0, root.join("snapshot/model.bpk")).unwrap();
+    let storage = LocalStorage::new(&root);
+    assert!(save(&storage, "snapshot/model.bpk", WriteMode::InPlace, b"x").is_err());
+    assert_intact(&files);
+    // An atomic save replaces the link itself, as a name.
+    save(&storage, "snapshot/model.bpk", WriteMode::Overwrite, b"new").unwrap();
+    assert!(
+        !std::fs::symlink_metadata(root.join("snapshot/model.bpk"))
+            .unwrap()
+            .is_symlink()
+    );
+    assert_intact(&files);
 }
