@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use weightbay::backend_kit::unique_token;
 use weightbay::{Background, Error, ErrorKind, Result, Writer};
 
-use crate::checkpoints::Checkpoints;
 use crate::following::Followed;
 use crate::in_flight::{Saves, take_unobserved};
 use crate::record::CommitRecord;
+use crate::run::Checkpoints;
 use crate::save::SaveOptions;
 
 impl Checkpoints {
@@ -38,7 +38,7 @@ impl Checkpoints {
 
     /// [`save_in_background`](Self::save_in_background), announcing each container to the
     /// follower `follow` gives once the save has its turn (see
-    /// [`Recording::followed_by`](crate::recording::Recording::followed_by)). Also returns
+    /// [`Recording::followed_by`](crate::committed_containers::Recording::followed_by)). Also returns
     /// whether it had one.
     pub(crate) fn save_in_background_followed(
         &self,

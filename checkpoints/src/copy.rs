@@ -9,7 +9,6 @@ use weightbay::{
 };
 
 use crate::checkpoint::Checkpoint;
-use crate::checkpoints::Checkpoints;
 use crate::following::{Head, Heads};
 use crate::layout::{self, manifest_key};
 use crate::ranks::{RankOutcome, check_same};
@@ -17,6 +16,7 @@ use crate::record::{
     CommitRecord, ContainerRecord, PIECES_RECORD_VERSION, PieceRecord, Pieces, RankManifest,
     encode, now_unix_ms, read_json,
 };
+use crate::run::Checkpoints;
 use crate::spliced::Spliced;
 
 impl Checkpoints {

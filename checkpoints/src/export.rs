@@ -19,9 +19,9 @@ use weightbay::{
 
 use crate::assembled_bytes::assembled_bytes;
 use crate::checkpoint::Checkpoint;
+use crate::committed_containers::Recording;
 use crate::converted::converted;
 use crate::record::Region;
-use crate::recording::Recording;
 use crate::tensors_ahead::TensorsAhead;
 
 /// The index's name, as transformers' `save_pretrained` writes it.

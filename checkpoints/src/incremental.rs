@@ -11,7 +11,6 @@ use weightbay::checksum::{crc32c, crc32c_append, crc32c_combine};
 use weightbay::codec::{Codec, Elements};
 use weightbay::{AccessPolicy, Bytes, Error, ErrorKind, Result, Sink, StorageExt, Writer};
 
-use crate::checkpoints::Checkpoints;
 use crate::content::{Cut, DEFAULT_CHUNK_LEN, cut, hash_all, hex, xxh3_128};
 use crate::encoders::{Encoded, Encoders};
 use crate::layout;
@@ -19,6 +18,7 @@ use crate::record::{
     ANNOUNCEMENT_VERSION, Announcement, CommitRecord, Encoding, PieceRecord, Pieces, encode,
     now_unix_ms,
 };
+use crate::run::Checkpoints;
 
 /// What an incremental save compares against, and how it cuts tensors.
 #[derive(Debug, Clone)]

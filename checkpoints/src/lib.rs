@@ -61,10 +61,10 @@
 //! (commit records and rank manifests, versioned JSON: docs/FORMAT.md), and each concern has a
 //! module:
 //!
-//! - the value and what its modules share (`checkpoints`), the stored schema (`record`), where
+//! - the value and what its modules share (`run`), the stored schema (`record`), where
 //!   keys lie (`layout`);
 //! - saving in the foreground (`save`) and the background (`background`), the saves in flight
-//!   (`in_flight`), what a save learns of its containers as they stream (`recording`);
+//!   (`in_flight`), what a save learns of its containers as they stream (`committed_containers`);
 //! - incremental saves (`incremental`, `content`) and their reads (`spliced`), their pieces
 //!   encoded as the writer streams (`encoders`) and decoded into place when read (`decoded`);
 //! - finding checkpoints (`listing`), retention and gc (`retention`), copies (`copy`), one
@@ -88,7 +88,7 @@ mod assembled;
 mod assembled_bytes;
 mod background;
 mod checkpoint;
-mod checkpoints;
+mod committed_containers;
 mod content;
 mod converted;
 mod copy;
@@ -107,9 +107,9 @@ mod promotion;
 mod promotion_stream;
 mod ranks;
 mod record;
-mod recording;
 mod region;
 mod retention;
+mod run;
 mod save;
 mod spliced;
 mod tensors_ahead;
@@ -120,7 +120,6 @@ mod whole_when_asked;
 pub use assembled::AssembledWeights;
 pub use background::SaveHandle;
 pub use checkpoint::{Checkpoint, CheckpointReport};
-pub use checkpoints::{Checkpoints, DEFAULT_REFERENCE_LEASE};
 pub use content::DEFAULT_CHUNK_LEN;
 pub use export::{EXPORT_INDEX, ExportOptions, ExportSummary, export_tensors};
 pub use incremental::Incremental;
@@ -133,5 +132,6 @@ pub use record::{
     RankManifest, RankTensor, Region, SliceRecord,
 };
 pub use retention::{GcReport, PerTier, Retention};
+pub use run::{Checkpoints, DEFAULT_REFERENCE_LEASE};
 pub use save::SaveOptions;
 pub use tiered::{Tiered, TieredStatus};

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use weightbay::{Error, ErrorKind, Listed, Result};
 
 use crate::checkpoint::Checkpoint;
-use crate::checkpoints::Checkpoints;
 use crate::layout;
 use crate::parallel;
 use crate::record::{CommitRecord, ContainerRecord, FAILURE_VERSION, RankFailure, read_json};
+use crate::run::Checkpoints;
 
 /// Everything stored under a run's prefix, by step: what [`Checkpoints::listing`] found.
 pub(crate) type Listing = BTreeMap<u64, Vec<Listed>>;

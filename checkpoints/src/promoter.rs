@@ -14,11 +14,11 @@ use std::time::Instant;
 use weightbay::{Background, Durability, Error, ErrorKind, Result};
 
 use crate::checkpoint::Checkpoint;
-use crate::checkpoints::Checkpoints;
 use crate::following::{Followed, Heads};
 use crate::promotion::{Promotion, PromotionState};
 use crate::record::CommitRecord;
 use crate::retention::{PerTier, Retention};
+use crate::run::Checkpoints;
 
 /// The promotion outcomes a value remembers: older ones are forgotten (a step forgotten shows
 /// no promotion state in [`Tiered::list`](crate::Tiered::list)).

@@ -11,7 +11,7 @@ use weightbay::{
     CreateOptions, Durability, Error, ErrorKind, Result, Storage, StorageExt, WriteMode, Writer,
 };
 
-use crate::checkpoints::Checkpoints;
+use crate::committed_containers::{Recording, Summing};
 use crate::layout::{self, RANKS_DIR, manifest_key, parse_manifest_key};
 use crate::merge::{in_tensor, merge};
 use crate::parallel;
@@ -19,8 +19,8 @@ use crate::record::{
     CommitRecord, ContainerRecord, FAILURE_VERSION, MANIFEST_VERSION, RankFailure, RankManifest,
     RankTensor, Region, encode, now_unix_ms, read_json,
 };
-use crate::recording::{Recording, Summing};
 use crate::retention::delete_if_present;
+use crate::run::Checkpoints;
 
 /// How long a failed rank may spend recording why it failed.
 pub const FAILURE_RECORD_TIMEOUT: Duration = Duration::from_secs(10);

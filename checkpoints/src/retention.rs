@@ -8,10 +8,10 @@ use std::time::Instant;
 
 use weightbay::{Error, ErrorKind, PendingWrite, Result, Storage};
 
-use crate::checkpoints::Checkpoints;
 use crate::layout;
 use crate::listing::{Listing, StepState, StepStatus, complete_steps};
 use crate::record::{ANNOUNCEMENT_VERSION, Announcement, CommitRecord, now_unix_ms, read_json};
+use crate::run::Checkpoints;
 
 /// One value for each tier: a retention policy each ([`Tiered::retain`](crate::Tiered::retain),
 /// [`Tiered::with_retention`](crate::Tiered::with_retention)), the steps each deleted, gc's

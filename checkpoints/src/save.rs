@@ -12,7 +12,7 @@ use weightbay::{
     CreateOptions, Error, ErrorKind, Result, ShardedWriter, Storage, StorageExt, WriteMode, Writer,
 };
 
-use crate::checkpoints::Checkpoints;
+use crate::committed_containers::Recording;
 use crate::following::Followed;
 use crate::incremental::{Base, DeltaSink, Incremental, combined_crc, plan};
 use crate::layout;
@@ -20,7 +20,7 @@ use crate::record::{
     CommitRecord, ContainerRecord, ENCODED_RECORD_VERSION, PIECES_RECORD_VERSION, Pieces,
     RECORD_VERSION, encode, now_unix_ms,
 };
-use crate::recording::Recording;
+use crate::run::Checkpoints;
 
 /// How a checkpoint is saved, beyond what its [`Writer`] says (format, durability, trailer).
 #[derive(Debug, Clone, Default)]

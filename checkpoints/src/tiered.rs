@@ -9,13 +9,13 @@ use weightbay::{Result, Writer};
 
 use crate::background::SaveHandle;
 use crate::checkpoint::Checkpoint;
-use crate::checkpoints::Checkpoints;
 use crate::listing::{StepState, StepStatus, complete_steps};
 use crate::promoter::{Job, Promoter, Tiers};
 use crate::promotion::{Promotion, PromotionState};
 use crate::ranks::{RankOutcome, RankSave};
 use crate::record::CommitRecord;
 use crate::retention::{GcReport, PerTier, Retention};
+use crate::run::Checkpoints;
 use crate::save::SaveOptions;
 
 /// A step found on either tier, with its state on each and its promotion.

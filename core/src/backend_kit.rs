@@ -4,6 +4,7 @@
 //! backend does its I/O through (so the conformance suite can run it on a simulated disk).
 //! Users who only save and load never need this module.
 
+pub use crate::batched_reads::{fetch_views, read_at_parallel, read_in_order};
 pub use crate::copy::{copy_by_position, copy_to_sink};
 pub use crate::fs::{EntryKind, FileHandle, FileSystem, HeldDir, hold_dir_plainly};
 pub use crate::keys::{
@@ -13,5 +14,4 @@ pub use crate::lazy::lazy_bytes;
 pub use crate::options::check_deadline;
 pub use crate::ranges::{check_jobs, check_range, check_ranges, check_written};
 pub use crate::reader::OPEN_PREFIX_LEN;
-pub use crate::reads::{fetch_views, read_at_parallel, read_in_order};
 pub use crate::storage::{PIECE_LEN, pad_with_zeros};

@@ -5,8 +5,8 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::batched_reads::{in_order_reads, read_in_order};
 use crate::checksum::{crc32c_append, crc32c_combine};
-use crate::reads::{in_order_reads, read_in_order};
 use crate::storage::{PositionedWrite, Sink, Source};
 use crate::{Error, ErrorKind, Result};
 

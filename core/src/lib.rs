@@ -34,6 +34,7 @@
 
 pub mod backend_kit;
 mod background;
+mod batched_reads;
 mod bytes;
 mod capabilities;
 pub mod checksum;
@@ -51,7 +52,6 @@ mod options;
 mod prefetch;
 mod ranges;
 mod reader;
-mod reads;
 mod sharded;
 mod staging;
 mod storage;

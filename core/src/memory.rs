@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::batched_reads::fetch_views;
 use crate::bytes::SharedBytes;
 use crate::capabilities::Capabilities;
 use crate::keys::{is_under, validate_key, validate_prefix};
 use crate::options::{CreateOptions, WriteMode, check_deadline};
 use crate::ranges::{check_range, check_written};
-use crate::reads::fetch_views;
 use crate::storage::{Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 

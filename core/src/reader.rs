@@ -6,12 +6,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::background::Background;
+use crate::batched_reads::read_at_parallel;
 use crate::bytes::SharedBytes;
 use crate::checksum;
 use crate::dtype::Element;
 use crate::format::{Format, Layout, burnpack, safetensors, trailer};
 use crate::format::{ReadOptions, TensorInfo, Validation};
-use crate::reads::read_at_parallel;
 use crate::storage::{Source, Storage};
 use crate::writer::WRITE_CHUNK_LEN;
 use crate::{AllocationController, Bytes, DType, Error, ErrorKind, Result, Scalar, Tensor, Writer};
