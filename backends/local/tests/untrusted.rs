@@ -33,18 +33,25 @@ fn assert_intact(files: &[(std::path::PathBuf, Vec<u8>)]) {
     }
 }
 
-#[test]
-fn deletes_never_go_through_a_symlinked_directory() {
-    let top = tempfile::tempdir().unwrap();
-    let files = canary(&top.path().join("elsewhere"));
-    let root = top.path().join("root");
+/// A canary tree under `top/elsewhere`, and the root `top/root` with two links into it: the
+/// step directory `run/step-1` (to the victim's step) and `linked` (to the victim run).
+fn planted_links(top: &Path) -> (Vec<(std::path::PathBuf, Vec<u8>)>, std::path::PathBuf) {
+    let files = canary(&top.join("elsewhere"));
+    let root = top.join("root");
     std::fs::create_dir_all(root.join("run")).unwrap();
     symlink(
-        top.path().join("elsewhere/victim-run/step-1"),
+        top.join("elsewhere/victim-run/step-1"),
         root.join("run/step-1"),
     )
     .unwrap();
-    symlink(top.path().join("elsewhere/victim-run"), root.join("linked")).unwrap();
+    symlink(top.join("elsewhere/victim-run"), root.join("linked")).unwrap();
+    (files, root)
+}
+
+#[test]
+fn deletes_never_go_through_a_symlinked_directory() {
+    let top = tempfile::tempdir().unwrap();
+    let (files, root) = planted_links(top.path());
     let storage = LocalStorage::new(&root);
 
     assert!(storage.list("run").unwrap().is_empty());
@@ -59,13 +66,20 @@ fn deletes_never_go_through_a_symlinked_directory() {
     assert_eq!(storage.open("run/step-1/model.bpk").unwrap().len(), 4096);
 }
 
+/// A canary tree under `top/elsewhere`, and the root `top/root` whose `snapshot/model.bpk` is
+/// a link to the victim's `model.bpk`, as a Hugging Face cache links its files.
+fn linked_file(top: &Path) -> (Vec<(std::path::PathBuf, Vec<u8>)>, std::path::PathBuf) {
+    let files = canary(&top.join("elsewhere"));
+    let root = top.join("root");
+    std::fs::create_dir_all(root.join("snapshot")).unwrap();
+    symlink(&files[1].0, root.join("snapshot/model.bpk")).unwrap();
+    (files, root)
+}
+
 #[test]
 fn a_symlink_to_a_file_is_listed_and_deleting_it_removes_the_link() {
     let top = tempfile::tempdir().unwrap();
-    let files = canary(&top.path().join("elsewhere"));
-    let root = top.path().join("root");
-    std::fs::create_dir_all(root.join("snapshot")).unwrap();
-    symlink(&files[1].0, root.join("snapshot/model.bpk")).unwrap();
+    let (files, root) = linked_file(top.path());
     let storage = LocalStorage::new(&root);
     let listed = storage.list("snapshot").unwrap();
     assert_eq!(listed.len(), 1);
@@ -134,12 +148,8 @@ fn save(storage: &LocalStorage, key: &str, mode: WriteMode, bytes: &[u8]) -> wei
 #[test]
 fn saves_never_go_through_a_symlinked_directory() {
     let top = tempfile::tempdir().unwrap();
-    let files = canary(&top.path().join("elsewhere"));
+    let (files, root) = planted_links(top.path());
     let victim_step = top.path().join("elsewhere/victim-run/step-1");
-    let root = top.path().join("root");
-    std::fs::create_dir_all(root.join("run")).unwrap();
-    symlink(&victim_step, root.join("run/step-1")).unwrap();
-    symlink(top.path().join("elsewhere/victim-run"), root.join("linked")).unwrap();
     let storage = LocalStorage::new(&root);
 
     for mode in [
@@ -203,10 +213,7 @@ fn a_symlink_swapped_in_after_a_save_began_is_not_written_through() {
 #[test]
 fn an_in_place_save_never_truncates_a_linked_file() {
     let top = tempfile::tempdir().unwrap();
-    let files = canary(&top.path().join("elsewhere"));
-    let root = top.path().join("root");
-    std::fs::create_dir_all(root.join("snapshot")).unwrap();
-    symlink(&files[1].0, root.join("snapshot/model.bpk")).unwrap();
+    let (files, root) = linked_file(top.path());
     let storage = LocalStorage::new(&root);
     assert!(save(&storage, "snapshot/model.bpk", WriteMode::InPlace, b"x").is_err());
     assert_intact(&files);
