@@ -54,7 +54,7 @@ pub(crate) fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
     std::fs::write("/proc/self/clear_refs", "5")
         .map_err(|e| Error::io("resetting the peak RSS", e))?;
     let before = crate::rss::rss("VmRSS:");
-    if case == "burn" {
+    if case == BURN {
         let local: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir));
         model.save_into(&mut WeightbayStore::new(local, "rss.bpk").overwrite(true))?;
     } else {
@@ -63,6 +63,12 @@ pub(crate) fn save_rss(case: &str, dir: &std::path::Path) -> Result<u64> {
     }
     Ok(crate::rss::rss("VmHWM:").saturating_sub(before))
 }
+
+/// A row `--only` matches by this name.
+pub(crate) const BURN: &str = "burn";
+
+/// Every name [`burn_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[BURN];
 
 pub(crate) fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
     let device = Default::default();
@@ -82,7 +88,7 @@ pub(crate) fn burn_cases(b: &mut Bench<'_>) -> Result<()> {
         || model.save_into(&mut theirs()).map_err(burn_error),
     )?;
     let (ours_rss, theirs_rss) = (
-        crate::rss::rss_of("burn", 0, &dir)?,
+        crate::rss::rss_of(BURN, 0, &dir)?,
         crate::rss::rss_of("burn-peer", 0, &dir)?,
     );
     println!(

@@ -182,6 +182,34 @@ fn against<T>(
     Ok(())
 }
 
+/// A row `--only` matches by this name.
+pub(crate) const LLAMA_ONE_AT_A_TIME: &str =
+    "cold start: llama one tensor at a time via weightbay-candle";
+/// A row `--only` matches by this name.
+pub(crate) const LLAMA_PREFETCHED_THEN_COPIED: &str =
+    "cold start: llama prefetched into the fetch's buffers, then copied by candle";
+/// A row `--only` matches by this name.
+pub(crate) const LLAMA_PREFETCHED_INTO_PLACE: &str =
+    "cold start: llama prefetched via weightbay-candle (landing in candle's memory)";
+/// A row `--only` matches by this name.
+pub(crate) const STAGING_POOL: &str = "cold start: into a reused staging pool";
+
+/// Every name [`cold_start_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[
+    LLAMA_ONE_AT_A_TIME,
+    LLAMA_PREFETCHED_THEN_COPIED,
+    LLAMA_PREFETCHED_INTO_PLACE,
+    STAGING_POOL,
+];
+
+/// The rows this build leaves out: they need the `llama` feature.
+#[cfg(not(feature = "llama"))]
+const LLAMA_ROWS: &[&str] = &[
+    LLAMA_ONE_AT_A_TIME,
+    LLAMA_PREFETCHED_THEN_COPIED,
+    LLAMA_PREFETCHED_INTO_PLACE,
+];
+
 pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
     let shape = LlamaShape::scaled_to(b.args.size_mib);
     let tensors = shape.tensors();
@@ -221,13 +249,13 @@ pub(crate) fn cold_start_cases(b: &mut Bench<'_>) -> Result<()> {
         (model_limit_name, model_limit),
     )?;
     #[cfg(not(feature = "llama"))]
-    if b.args.wants("cold start: llama") {
+    if LLAMA_ROWS.iter().any(|row| b.args.wants(row)) {
         let _ = (model_limit_name, model_limit);
         println!(
             "  cold start: llama rows skipped: built without the `llama` feature (cargo run --release -p weightbay-bench --features llama -- --only \"cold start\")"
         );
     }
-    if b.args.wants("cold start: into a reused staging pool") {
+    if b.args.wants(STAGING_POOL) {
         for buffer in STAGING_BUFFERS {
             let pool = StagingPool::new(CONNECTIONS as usize, buffer)?;
             let reader = Reader::open_key(storage.as_ref(), key)?;
@@ -299,18 +327,9 @@ fn llama_rows(
             .map_err(|e| weightbay::Error::new(weightbay::ErrorKind::Io, e.to_string()))
     };
     let rows = [
-        (
-            "cold start: llama one tensor at a time via weightbay-candle",
-            Build::OneAtATime,
-        ),
-        (
-            "cold start: llama prefetched into the fetch's buffers, then copied by candle",
-            Build::PrefetchedCopied,
-        ),
-        (
-            "cold start: llama prefetched via weightbay-candle (landing in candle's memory)",
-            Build::PrefetchedLanded,
-        ),
+        (LLAMA_ONE_AT_A_TIME, Build::OneAtATime),
+        (LLAMA_PREFETCHED_THEN_COPIED, Build::PrefetchedCopied),
+        (LLAMA_PREFETCHED_INTO_PLACE, Build::PrefetchedLanded),
     ];
     for (row, how) in rows {
         if b.args.wants(row) {

@@ -84,6 +84,14 @@ fn capped() -> Result<(Checkpoints, Arc<dyn ObjectStore>)> {
     Ok((Checkpoints::over(storage, "run"), inner))
 }
 
+/// A row `--only` matches by this name.
+pub(crate) const COMPRESSED_SAVE: &str = "compressed save through the capped store";
+/// A row `--only` matches by this name.
+pub(crate) const COMPRESSED_COLD_LOAD: &str = "compressed cold load through the capped store";
+
+/// Every name [`compressed_cases`] answers to (`--only`).
+pub(crate) const COMPRESSED_CASES_NAMES: &[&str] = &[COMPRESSED_SAVE, COMPRESSED_COLD_LOAD];
+
 pub(crate) fn compressed_cases(b: &mut Bench<'_>) -> Result<()> {
     let len = ((b.args.size_mib as usize) << 20) / TENSOR_LEN * TENSOR_LEN;
     let tensors = model(len);
@@ -114,7 +122,7 @@ pub(crate) fn compressed_cases(b: &mut Bench<'_>) -> Result<()> {
         || save(SaveOptions::incremental()),
     )?;
     b.table.push(Row {
-        case: "compressed save through the capped store".to_owned(),
+        case: COMPRESSED_SAVE.to_owned(),
         ours: compressed,
         peer: Some(("the same save uncompressed".to_owned(), plain)),
         bytes,
@@ -149,7 +157,7 @@ pub(crate) fn compressed_cases(b: &mut Bench<'_>) -> Result<()> {
         || load(&plain_store),
     )?;
     b.table.push(Row {
-        case: "compressed cold load through the capped store".to_owned(),
+        case: COMPRESSED_COLD_LOAD.to_owned(),
         ours: compressed,
         peer: Some(("the same load uncompressed".to_owned(), plain)),
         bytes,

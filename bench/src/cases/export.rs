@@ -20,6 +20,16 @@ const SHAPE: [u64; 2] = [2048, 4096];
 const TENSOR_LEN: u64 = SHAPE[0] * SHAPE[1] * 4;
 const RANKS: u32 = 4;
 
+/// A row `--only` matches by this name.
+pub(crate) const EXPORT_LOCAL: &str = "export local";
+/// A row `--only` matches by this name.
+pub(crate) const EXPORT_RSS: &str = "export rss";
+/// A row `--only` matches by this name.
+pub(crate) const EXPORT_FROM_S3: &str = "export from s3";
+
+/// Every name [`export_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[EXPORT_LOCAL, EXPORT_RSS, EXPORT_FROM_S3];
+
 pub(crate) fn export_cases(b: &mut Bench<'_>) -> Result<()> {
     let tensors = ((b.args.size_mib << 20) / TENSOR_LEN).max(1);
     let bytes = tensors * TENSOR_LEN;
@@ -33,7 +43,7 @@ pub(crate) fn export_cases(b: &mut Bench<'_>) -> Result<()> {
         .with_durability(Durability::Durable)
         .with_max_shard_size(1 << 30)
         .overwriting();
-    if b.args.wants("export local") {
+    if b.args.wants(EXPORT_LOCAL) {
         let checkpoint = Checkpoints::new(LocalStorage::new(&source), "run").open(1)?;
         println!(
             "  export local: {tensors} tensors of 32 MiB, {RANKS} ranks' row slices each, into 1 GiB shards"
@@ -57,14 +67,14 @@ pub(crate) fn export_cases(b: &mut Bench<'_>) -> Result<()> {
             },
         )?;
     }
-    if b.args.wants("export rss") {
+    if b.args.wants(EXPORT_RSS) {
         let peak = rss_of("export", b.args.size_mib, &b.dir)?;
         println!(
             "  export rss: peak {} MiB against the largest tensor, 32 MiB (goal: at most 32 + 64 MiB)",
             peak >> 20
         );
     }
-    if b.args.wants("export from s3") {
+    if b.args.wants(EXPORT_FROM_S3) {
         let Ok(url) = std::env::var("WEIGHTBAY_S3_URL") else {
             println!(
                 "  export from s3: skipped, no S3 server (vars=$(scripts/servers.sh start s3) && eval \"$vars\")"

@@ -71,6 +71,18 @@ pub(crate) const FAULT_SETS: &[FaultSet] = &[
     },
 ];
 
+/// A row `--only` matches by this name.
+pub(crate) const STALLED_PART: &str = "stalled part";
+
+/// Every name [`fault_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[
+    FAULT_SETS[0].case,
+    FAULT_SETS[1].case,
+    FAULT_SETS[2].case,
+    FAULT_SETS[3].case,
+    STALLED_PART,
+];
+
 pub(crate) fn fault_cases(b: &mut Bench<'_>) -> Result<()> {
     let (Ok(base), Ok(endpoint)) = (
         std::env::var("WEIGHTBAY_S3_URL"),
@@ -93,7 +105,7 @@ pub(crate) fn fault_cases(b: &mut Bench<'_>) -> Result<()> {
             faulty_store(b, &server, set)?;
         }
     }
-    if b.args.wants("stalled part") {
+    if b.args.wants(STALLED_PART) {
         stalled_part(b, &server)?;
     }
     Ok(())

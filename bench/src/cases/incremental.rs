@@ -59,6 +59,26 @@ impl FineTuning {
     }
 }
 
+/// A row `--only` matches by this name.
+pub(crate) const INCREMENTAL_HASHING: &str = "incremental hashing";
+/// A row `--only` matches by this name.
+pub(crate) const INCREMENTAL_SAVE: &str = "incremental save";
+/// A row `--only` matches by this name.
+pub(crate) const INCREMENTAL_SPARSE: &str = "incremental sparse";
+/// A row `--only` matches by this name.
+pub(crate) const INCREMENTAL_LOAD: &str = "incremental load";
+/// A row `--only` matches by this name.
+pub(crate) const INCREMENTAL_STORAGE: &str = "incremental storage";
+
+/// Every name [`incremental_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[
+    INCREMENTAL_HASHING,
+    INCREMENTAL_SAVE,
+    INCREMENTAL_SPARSE,
+    INCREMENTAL_LOAD,
+    INCREMENTAL_STORAGE,
+];
+
 pub(crate) fn incremental_cases(b: &mut Bench<'_>) -> Result<()> {
     // Fresh each run: a chain left by an earlier run would be this run's base.
     let dir = b.dir.join("incremental");
@@ -67,26 +87,26 @@ pub(crate) fn incremental_cases(b: &mut Bench<'_>) -> Result<()> {
     }
     std::fs::create_dir_all(&dir).map_err(io("creating the incremental directory"))?;
     let local: Arc<dyn Storage> = Arc::new(LocalStorage::new(&dir));
-    if b.args.wants("incremental hashing") {
+    if b.args.wants(INCREMENTAL_HASHING) {
         hashing(b)?;
     }
     let model = FineTuning::new(b.big.bytes());
-    if b.args.wants("incremental save") {
+    if b.args.wants(INCREMENTAL_SAVE) {
         save_rows(b, &model, &local, "local, durable", Durability::Durable)?;
         if let Some(s3) = s3("bench-incremental")? {
             save_rows(b, &model, &s3, "S3 server", Durability::Default)?;
         }
     }
-    if b.args.wants("incremental sparse") {
+    if b.args.wants(INCREMENTAL_SPARSE) {
         sparse(b, &local)?;
     }
-    if b.args.wants("incremental load") {
+    if b.args.wants(INCREMENTAL_LOAD) {
         load_rows(b, &model, &local, "local files")?;
         if let Some(s3) = s3("bench-incremental-load")? {
             load_rows(b, &model, &s3, "S3 server")?;
         }
     }
-    if b.args.wants("incremental storage") {
+    if b.args.wants(INCREMENTAL_STORAGE) {
         storage_held(&model, &local)?;
     }
     Ok(())

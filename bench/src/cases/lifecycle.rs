@@ -24,12 +24,29 @@ const HISTORY: u64 = 100_000;
 /// Checkpoints both prefixes keep.
 const KEPT: usize = 5;
 
+/// A row `--only` matches by this name.
+pub(crate) const BACKGROUND_SAVE: &str = "background save";
+/// A row `--only` matches by this name.
+pub(crate) const LATEST: &str = "latest";
+/// A row `--only` matches by this name.
+pub(crate) const LATEST_AFTER_LONG_HISTORY: &str = "latest after a long history";
+/// A row `--only` matches by this name.
+pub(crate) const CHECKPOINT_VERIFY: &str = "checkpoint verify";
+
+/// Every name [`lifecycle_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[
+    BACKGROUND_SAVE,
+    LATEST,
+    LATEST_AFTER_LONG_HISTORY,
+    CHECKPOINT_VERIFY,
+];
+
 pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
     let dir = b.dir.join("lifecycle");
     std::fs::create_dir_all(&dir).map_err(io("creating the lifecycle directory"))?;
     let storage: Arc<dyn weightbay::Storage> = Arc::new(LocalStorage::new(&dir));
     let bytes = b.big.bytes();
-    if b.args.wants("background save") {
+    if b.args.wants(BACKGROUND_SAVE) {
         let checkpoints = Checkpoints::over(Arc::clone(&storage), "background");
         let big = &b.big;
         let step = std::cell::Cell::new(0u64);
@@ -84,7 +101,7 @@ pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
             bytes,
         });
     }
-    if b.args.wants("latest") {
+    if b.args.wants(LATEST) {
         let checkpoints = Checkpoints::over(Arc::clone(&storage), "thousand");
         if checkpoints.steps()?.len() < 1000 {
             for step in 1..=1000 {
@@ -112,10 +129,10 @@ pub(crate) fn lifecycle_cases(b: &mut Bench<'_>) -> Result<()> {
             bytes: 0,
         });
     }
-    if b.args.wants("latest after a long history") {
+    if b.args.wants(LATEST_AFTER_LONG_HISTORY) {
         latest_after_history(b, &storage)?;
     }
-    if b.args.wants("checkpoint verify") {
+    if b.args.wants(CHECKPOINT_VERIFY) {
         let checkpoints = Checkpoints::over(Arc::clone(&storage), "verify");
         let checkpoint = match checkpoints.latest()? {
             Some(checkpoint) => checkpoint,

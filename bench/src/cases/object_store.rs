@@ -15,6 +15,26 @@ use crate::peers::{RawUpload, boto3_transfer};
 use crate::report::Row;
 use crate::rss::rss_of;
 
+/// A row `--only` matches by this name.
+pub(crate) const OBJECT_STORE_SAVE: &str = "object store save";
+/// A row `--only` matches by this name.
+pub(crate) const OBJECT_STORE_LOAD: &str = "object store load";
+/// A row `--only` matches by this name.
+pub(crate) const OBJECT_STORE_COPY: &str = "object store copy";
+/// A row `--only` matches by this name.
+pub(crate) const OBJECT_STORE_CPU: &str = "object store cpu";
+/// A row `--only` matches by this name.
+pub(crate) const OBJECT_STORE_RSS: &str = "object store rss";
+
+/// Every name [`object_store_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[
+    OBJECT_STORE_SAVE,
+    OBJECT_STORE_LOAD,
+    OBJECT_STORE_COPY,
+    OBJECT_STORE_CPU,
+    OBJECT_STORE_RSS,
+];
+
 /// The object-store cases: saving through object_store's InMemory store against raw
 /// `WriteMultipart`, and, with an S3 server, loading, client CPU and peak memory.
 pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
@@ -35,7 +55,7 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
         in_flight: options.parts_in_flight,
     };
     let container = Writer::new(big.ours()).into_bytes()?;
-    if wanted("object store save") {
+    if wanted(OBJECT_STORE_SAVE) {
         table.compare(
             Start::Cached,
             "object store save (InMemory)",
@@ -84,7 +104,7 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
             .map(|b| drop(black_box(b)))
             .map_err(|e| Error::new(weightbay::ErrorKind::Io, e.to_string()))
     };
-    if wanted("object store load") {
+    if wanted(OBJECT_STORE_LOAD) {
         // Stores on this machine load with one request per run of adjacent tensors; request
         // sizes for remote stores are the remote cases' business.
         let setting = load_storage
@@ -106,7 +126,7 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
             || raw_get_ranges(&ranges),
         )?;
     }
-    if wanted("object store copy") {
+    if wanted(OBJECT_STORE_COPY) {
         // What `weightbay cp s3://…/ours.bpk local.bpk` does: the container copied byte for
         // byte, read ahead in parallel (StorageExt::copy_in), into a local file.
         let local = LocalStorage::new(dir);
@@ -161,7 +181,7 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
             }
         }
     }
-    if wanted("object store cpu") {
+    if wanted(OBJECT_STORE_CPU) {
         // Client CPU (user + system) per GiB written to the S3 server, against raw
         // object_store's WriteMultipart with the same part size and parts in flight;
         // alternating which goes first, medians of the runs.
@@ -202,7 +222,7 @@ pub(crate) fn object_store_cases(b: &mut Bench<'_>) -> Result<()> {
             ours_cpu.as_secs_f64() / raw_cpu.as_secs_f64().max(1e-9)
         );
     }
-    if wanted("object store rss") {
+    if wanted(OBJECT_STORE_RSS) {
         for (case, size) in [
             ("s3", 256),
             ("s3", args.size_mib),

@@ -25,11 +25,21 @@ const LATENCY: Duration = Duration::from_millis(20);
 /// Manifests the committing rank reads at once (the core's `PARALLEL_READS`).
 const PARALLEL_READS: u64 = 64;
 
+/// A row `--only` matches by this name.
+pub(crate) const RANK_COMMIT: &str = "rank commit";
+/// A row `--only` matches by this name.
+pub(crate) const THROTTLED_COMMIT: &str = "throttled commit";
+/// A row `--only` matches by this name.
+pub(crate) const RESHARDED_LOAD: &str = "resharded load";
+
+/// Every name [`ranks_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[RANK_COMMIT, THROTTLED_COMMIT, RESHARDED_LOAD];
+
 pub(crate) fn ranks_cases(b: &mut Bench<'_>) -> Result<()> {
-    if b.args.wants("throttled commit") {
+    if b.args.wants(THROTTLED_COMMIT) {
         throttled_commit(b)?;
     }
-    if b.args.wants("rank commit") {
+    if b.args.wants(RANK_COMMIT) {
         println!(
             "  rank commit: simulated ranks over InMemory, {LATENCY:?} per request and per listing page of {PAGE}"
         );
@@ -37,7 +47,7 @@ pub(crate) fn ranks_cases(b: &mut Bench<'_>) -> Result<()> {
             simulate(b, ranks)?;
         }
     }
-    if b.args.wants("resharded load") {
+    if b.args.wants(RESHARDED_LOAD) {
         resharded_load(b)?;
     }
     Ok(())

@@ -215,9 +215,21 @@ fn runs_against_limit(
     Ok(out)
 }
 
+/// A row `--only` matches by this name.
+pub(crate) const REMOTE_CURVE: &str = "remote curve";
+/// A row `--only` matches by this name.
+pub(crate) const REMOTE_LOAD: &str = "remote load";
+/// A row `--only` matches by this name.
+pub(crate) const REMOTE_COPY: &str = "remote copy";
+/// A row `--only` matches by this name.
+pub(crate) const REMOTE_RSS: &str = "remote rss";
+
+/// Every name [`remote_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[REMOTE_CURVE, REMOTE_LOAD, REMOTE_COPY, REMOTE_RSS];
+
 pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
     let inner = store_with(b.big.ours())?;
-    if b.args.wants("remote curve") {
+    if b.args.wants(REMOTE_CURVE) {
         let (storage, _) = throttled_storage(&inner, ObjectStoreOptions::DEFAULT)?;
         let reader = Reader::open_key(&storage, "big.bpk")?;
         let mut in_data_order: Vec<_> = reader.tensors().iter().collect();
@@ -248,7 +260,7 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
             }
         }
     }
-    if b.args.wants("remote rss") {
+    if b.args.wants(REMOTE_RSS) {
         let rss = crate::rss::rss_of("remote-copy", b.args.size_mib, &b.dir)?;
         println!(
             "  peak RSS a remote copy of {} MiB of 16 MiB tensors adds: {} MiB (bound: a {} MiB piece per thread, regions streamed and written by position)",
@@ -265,7 +277,7 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
         options.fetch_request_len.unwrap_or(0) >> 20,
         options.fetch_budget >> 20
     );
-    if b.args.wants("remote load") {
+    if b.args.wants(REMOTE_LOAD) {
         let reader = Reader::open_key(&storage, "big.bpk")?;
         against_limit(
             b,
@@ -275,7 +287,7 @@ pub(crate) fn remote_cases(b: &mut Bench<'_>) -> Result<()> {
             || reader.load_all().map(drop),
         )?;
     }
-    if b.args.wants("remote copy") {
+    if b.args.wants(REMOTE_COPY) {
         // Each run copies to a new file: the previous copy is removed first, untimed, since
         // replacing it would time the kernel freeing its 2 GiB (0.3-0.5 s on tmpfs here). It is
         // removed here, not through `LocalStorage::delete`, which leaves a large file to be

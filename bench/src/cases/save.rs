@@ -8,6 +8,12 @@ use crate::peers;
 use crate::peers::dd;
 use crate::rss::rss_of;
 
+/// A row `--only` matches by this name.
+pub(crate) const DURABLE_SAVE: &str = "durable save";
+
+/// Every name [`durable_save`] answers to (`--only`).
+pub(crate) const DURABLE_SAVE_NAMES: &[&str] = &[DURABLE_SAVE];
+
 pub(crate) fn durable_save(b: &mut Bench<'_>) -> Result<()> {
     let Bench {
         args,
@@ -23,7 +29,7 @@ pub(crate) fn durable_save(b: &mut Bench<'_>) -> Result<()> {
     let dd_file = |run: usize| dir.join(format!("dd-{run}.bin"));
     table.compare(
         Start::Emptied,
-        "durable save",
+        DURABLE_SAVE,
         big.bytes(),
         "dd bs=8M conv=fsync, new file",
         || save_big(local, big),
@@ -43,7 +49,7 @@ pub(crate) fn durable_save(b: &mut Bench<'_>) -> Result<()> {
     }
     table.compare(
         Start::Emptied,
-        "durable save",
+        DURABLE_SAVE,
         big.bytes(),
         "burn-pack write_to_file",
         || save_big(local, big),

@@ -36,11 +36,19 @@ fn keep_one() -> PerTier<Retention> {
     }
 }
 
+/// A row `--only` matches by this name.
+pub(crate) const TIERED_SAVE: &str = "tiered save";
+/// A row `--only` matches by this name.
+pub(crate) const TIERED_LOOP: &str = "tiered loop";
+
+/// Every name [`tiered_cases`] answers to (`--only`).
+pub(crate) const NAMES: &[&str] = &[TIERED_SAVE, TIERED_LOOP];
+
 pub(crate) fn tiered_cases(b: &mut Bench<'_>) -> Result<()> {
     let dir = b.dir.join("tiered");
     std::fs::create_dir_all(&dir).map_err(io("creating the tiered directory"))?;
     let local: Arc<dyn Storage> = Arc::new(LocalStorage::new(&dir));
-    if b.args.wants("tiered save") {
+    if b.args.wants(TIERED_SAVE) {
         match std::env::var("WEIGHTBAY_S3_URL") {
             Ok(url) => against_s3(b, &local, &url)?,
             Err(_) => println!(
@@ -48,7 +56,7 @@ pub(crate) fn tiered_cases(b: &mut Bench<'_>) -> Result<()> {
             ),
         }
     }
-    if b.args.wants("tiered loop") {
+    if b.args.wants(TIERED_LOOP) {
         capped_loop(b, &local)?;
     }
     Ok(())
