@@ -382,6 +382,7 @@ mod below {
 
     /// The root's missing ancestors, deepest first, once made: the root may be a symlink, or
     /// lie below one, since the caller named it.
+    #[cfg(target_os = "linux")]
     fn make_root(root: &Path) -> io::Result<Vec<PathBuf>> {
         let missing = root
             .ancestors()
@@ -535,6 +536,7 @@ mod below {
 
     /// The directories made below the root (shallowest first) and the root's own, deepest
     /// first.
+    #[cfg(target_os = "linux")]
     fn with_above(mut below: Vec<PathBuf>, above: Vec<PathBuf>) -> Vec<PathBuf> {
         below.reverse();
         below.extend(above);
@@ -581,23 +583,7 @@ mod below {
     /// followed: only Linux writes race-free.
     #[cfg(not(target_os = "linux"))]
     pub(super) fn hold(root: &Path, relative: &Path) -> io::Result<HeldDir> {
-        let names = names(relative)?;
-        let created_above = make_root(root)?;
-        check_on_the_way(root, &names, "written")?;
-        let dir = root.join(relative);
-        let created_below = dir
-            .ancestors()
-            .take_while(|d| *d != root && std::fs::symlink_metadata(d).is_err())
-            .map(Path::to_path_buf)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect();
-        std::fs::create_dir_all(&dir)?;
-        Ok(HeldDir::new(
-            dir,
-            with_above(created_below, created_above),
-            None,
-        ))
+        check_on_the_way(root, &names(relative)?, "written")?;
+        weightbay::backend_kit::hold_dir_plainly(&super::StdFileSystem, root, relative)
     }
 }
