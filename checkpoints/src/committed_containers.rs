@@ -81,7 +81,7 @@ impl Storage for Recording {
             announced,
         }))
     }
-    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list);
+    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list, list_foreign);
 }
 
 pub(crate) struct RecordingSink {

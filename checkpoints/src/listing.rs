@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use weightbay::{Error, ErrorKind, Listed, Result};
+use weightbay::{Error, ErrorKind, ForeignEntry, Listed, Result};
 
 use crate::checkpoint::Checkpoint;
 use crate::layout;
@@ -30,6 +30,12 @@ pub struct StepStatus {
     pub stored_bytes: u64,
     /// For a step written by several ranks, the rank manifests listed: which ranks finished.
     pub ranks: Option<RankProgress>,
+    /// What lies in the step's directory (or stands for it) that no container can be: a
+    /// symlink, an object whose key no store can address
+    /// ([`Storage::list_foreign`](weightbay::Storage::list_foreign)). Reported by
+    /// [`Checkpoints::list`], never read, walked into or deleted; empty in what
+    /// [`Checkpoints::gc`] and [`Checkpoints::retain`] judge, which never look.
+    pub foreign: Vec<ForeignEntry>,
 }
 
 impl StepStatus {
@@ -63,6 +69,7 @@ impl From<Status> for StepStatus {
             state: status.state,
             stored_bytes: status.stored_bytes,
             ranks: status.ranks.map(|(progress, _)| progress),
+            foreign: Vec::new(),
         }
     }
 }
@@ -77,6 +84,10 @@ pub enum StepState {
     Damaged(String),
     /// No commit record: a save in progress, or one that died.
     Uncommitted,
+    /// Nothing a checkpoint is made of, only what no container can be
+    /// ([`StepStatus::foreign`]): a symlink planted as the step's directory, an object whose
+    /// key no store can address. Not a checkpoint; nothing of it is read or deleted.
+    Foreign,
 }
 
 /// How far the ranks of a step got, from the manifests and failure records listed.
@@ -132,13 +143,36 @@ fn progress(dir: &str, stored: &[Listed]) -> Option<(RankProgress, Vec<String>)>
 }
 
 impl Checkpoints {
-    /// Every step under the prefix, committed or not, oldest first, with its state: one
-    /// listing, plus one read per commit record.
+    /// Every step under the prefix, committed or not, oldest first, with its state and what
+    /// in it no container can be: two listings ([`Storage::list`](weightbay::Storage::list)
+    /// and [`Storage::list_foreign`](weightbay::Storage::list_foreign)), plus one read per
+    /// commit record.
     ///
     /// # Errors
     /// The storage's errors ([`ErrorKind::Unsupported`] where it cannot list).
     pub fn list(&self) -> Result<Vec<StepStatus>> {
-        self.statuses(&self.listing()?, false)
+        let mut statuses = self.statuses(&self.listing()?, false)?;
+        for entry in self.storage.list_foreign(&self.prefix)? {
+            // The entry may be the step's directory itself (`run/step-7`, a symlink).
+            let Some(step) = layout::step_of(&self.prefix, &format!("{}/", entry.name)) else {
+                continue;
+            };
+            match statuses.binary_search_by_key(&step, |s| s.step) {
+                Ok(at) => statuses[at].foreign.push(entry),
+                Err(at) => statuses.insert(
+                    at,
+                    StepStatus {
+                        step,
+                        record: None,
+                        state: StepState::Foreign,
+                        stored_bytes: 0,
+                        ranks: None,
+                        foreign: vec![entry],
+                    },
+                ),
+            }
+        }
+        Ok(statuses)
     }
 
     /// As [`list`](Self::list), for a pass that deletes on what it finds: a record that could

@@ -291,7 +291,7 @@ impl Storage for BeforeCreate {
         }
         self.inner.create(key, options)
     }
-    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list);
+    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list, list_foreign);
 }
 
 #[test]

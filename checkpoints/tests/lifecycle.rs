@@ -193,7 +193,7 @@ impl Storage for ContainersUndeletable {
             Err(Error::new(ErrorKind::Io, "deletes of containers fail here"))
         }
     }
-    weightbay::forward_storage!(0 => capabilities, create, open, pending, clean_pending, list);
+    weightbay::forward_storage!(0 => capabilities, create, open, pending, clean_pending, list, list_foreign);
 }
 
 #[test]

@@ -76,7 +76,7 @@ impl Storage for Counting {
             reads: Arc::clone(&self.reads),
         }))
     }
-    weightbay::forward_storage!(inner => capabilities, delete, pending, clean_pending, list);
+    weightbay::forward_storage!(inner => capabilities, delete, pending, clean_pending, list, list_foreign);
 }
 
 /// Rank `rank` of 2, holding its half of the rows of a 64 × 1024 f32 tensor `w` (256 KiB).

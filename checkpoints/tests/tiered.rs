@@ -134,7 +134,7 @@ impl Storage for Remote {
         }
         self.inner.delete(key)
     }
-    weightbay::forward_storage!(inner => capabilities, open, pending, clean_pending, list);
+    weightbay::forward_storage!(inner => capabilities, open, pending, clean_pending, list, list_foreign);
 }
 
 /// Tiers over `fast` and `remote`, under the prefix `run`.

@@ -83,7 +83,7 @@ impl Storage for Hooked {
         self.before("list", prefix);
         self.inner.list(prefix)
     }
-    weightbay::forward_storage!(inner => capabilities, pending, clean_pending);
+    weightbay::forward_storage!(inner => capabilities, pending, clean_pending, list_foreign);
 }
 
 #[test]

@@ -83,6 +83,9 @@ fn ls_table(statuses: &[StepStatus]) -> String {
         };
         let state = match (&status.state, &status.ranks) {
             (StepState::Complete, _) => "complete".to_owned(),
+            (StepState::Foreign, _) => {
+                "FOREIGN: no checkpoint, only what no container can be (below)".to_owned()
+            }
             (StepState::Damaged(why), _) => format!("DAMAGED: {}", escaped(why)),
             (StepState::Uncommitted, Some(progress)) if !progress.failed.is_empty() => {
                 let failed: Vec<u32> = progress.failed.iter().map(|f| f.rank).collect();
@@ -128,6 +131,18 @@ fn ls_table(statuses: &[StepStatus]) -> String {
                 None => "uncommitted (saving, or a save that died)".to_owned(),
             },
         };
+        let mut state = state;
+        for entry in status.foreign.iter().take(4) {
+            state += &format!(
+                "\n{:>14}foreign {}: {}",
+                "",
+                escaped(&entry.name),
+                escaped(&entry.what)
+            );
+        }
+        if status.foreign.len() > 4 {
+            state += &format!("\n{:>14}and {} more foreign", "", status.foreign.len() - 4);
+        }
         out += &format!(
             "{:>12}  {time:<23}  {:>14}  {refers:>14}  {reads_as:>14}  {format:<11}  {containers:>10}  {:>5}  {state}\n",
             status.step,

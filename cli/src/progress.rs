@@ -57,7 +57,7 @@ impl Storage for Counting {
             cancel: Arc::clone(&self.cancel),
         }))
     }
-    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list);
+    weightbay::forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list, list_foreign);
 }
 
 struct CountingSink {

@@ -84,7 +84,7 @@ pub(crate) fn chosen(checkpoints: &Checkpoints, step: Option<u64>, all: bool) ->
         return Ok(checkpoints
             .list()?
             .into_iter()
-            .filter(|s| s.state != StepState::Uncommitted)
+            .filter(|s| matches!(s.state, StepState::Complete | StepState::Damaged(_)))
             .map(|s| s.step)
             .collect());
     }

@@ -43,6 +43,7 @@ fn cell(status: Option<&StepStatus>) -> String {
         Some(status) => match &status.state {
             StepState::Complete => format!("complete, {} bytes", status.stored_bytes),
             StepState::Uncommitted => "uncommitted".to_owned(),
+            StepState::Foreign => "FOREIGN".to_owned(),
             StepState::Damaged(why) => format!("DAMAGED: {}", crate::escape::escaped(why)),
         },
     }

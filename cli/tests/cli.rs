@@ -843,6 +843,43 @@ fn an_index_that_disagrees_with_its_shards_is_refused() {
     }
 }
 
+/// A symlink planted as a step, and one planted in a complete step under a name that would
+/// drive the terminal: `ls` names each as foreign, escaped, and keeps the step complete.
+#[test]
+fn ls_reports_planted_symlinks_as_foreign() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let checkpoints =
+        weightbay_checkpoints::Checkpoints::new(weightbay_local::LocalStorage::new(&run), "");
+    let tensors = vec![Tensor::new("w", DType::U8, [64], vec![1; 64])];
+    checkpoints.save(1, Writer::new(tensors)).unwrap();
+    let canary = dir.path().join("elsewhere/step-4");
+    std::fs::create_dir_all(&canary).unwrap();
+    std::os::unix::fs::symlink(&canary, run.join("step-4")).unwrap();
+    std::os::unix::fs::symlink(&canary, run.join("step-1/evil\x1b[2J")).unwrap();
+    let output = weightbay(&["ls", run.to_str().unwrap()]);
+    let (listed, stderr) = text(&output);
+    assert!(output.status.success(), "{listed}{stderr}");
+    let lines: Vec<&str> = listed.lines().collect();
+    let step = |n: &str| {
+        lines
+            .iter()
+            .position(|l| l.trim_start().starts_with(n))
+            .unwrap()
+    };
+    assert!(lines[step("1 ")].ends_with("complete"), "{listed}");
+    assert!(
+        lines[step("1 ") + 1].contains("foreign run/step-1/evil\\x1b[2J: a symlink"),
+        "{listed}"
+    );
+    assert!(lines[step("4 ")].contains("FOREIGN"), "{listed}");
+    assert!(
+        lines[step("4 ") + 1].contains("foreign run/step-4: a symlink"),
+        "{listed}"
+    );
+    assert!(!listed.contains('\x1b'), "{listed}");
+}
+
 #[test]
 fn gc_dry_run_prints_what_gc_then_does() {
     let dir = tempfile::tempdir().unwrap();

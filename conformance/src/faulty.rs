@@ -11,8 +11,8 @@ use std::sync::{Arc, OnceLock};
 
 use weightbay::backend_kit::{EntryKind, FileHandle, FileSystem, HeldDir};
 use weightbay::{
-    Bytes, CreateOptions, Error, ErrorKind, Listed, PositionedWrite, ReadBack, Result, Sink,
-    Source, Storage,
+    Bytes, CreateOptions, Error, ErrorKind, ForeignEntry, Listed, PositionedWrite, ReadBack,
+    Result, Sink, Source, Storage,
 };
 
 /// Counts operations and fails the one numbered `fail_at` (1-based) with
@@ -250,6 +250,11 @@ impl<S: Storage> Storage for Faulty<S> {
 
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.plan.storage_op("list", || self.inner.list(prefix))
+    }
+
+    fn list_foreign(&self, prefix: &str) -> Result<Vec<ForeignEntry>> {
+        self.plan
+            .storage_op("list_foreign", || self.inner.list_foreign(prefix))
     }
     weightbay::forward_storage!(inner => capabilities, pending, clean_pending);
 }

@@ -101,7 +101,7 @@ impl Storage for Handle {
             id: self.id,
         }))
     }
-    weightbay::forward_storage!(gate.inner => capabilities, open, delete, pending, clean_pending, list);
+    weightbay::forward_storage!(gate.inner => capabilities, open, delete, pending, clean_pending, list, list_foreign);
 }
 
 struct GatedSink {

@@ -64,9 +64,7 @@ pub use faulty::{FaultPlan, Faulty, FaultyFileSystem, InjectedFault, is_injected
 pub use harness::Harness;
 pub use outcome::Outcome;
 pub use property::property_cases;
-pub use servers::{
-    FaultProxy, azure_url, s3_delete_verbatim, s3_open_uploads, s3_put_verbatim, s3_url,
-};
+pub use servers::{FaultProxy, VerbatimServer, azure_url, s3_open_uploads, s3_url};
 pub use sim_disk::SimulatedDisk;
 pub use suite::{Suite, failure_of, failure_of_in, verdict};
 

@@ -153,44 +153,87 @@ pub fn s3_open_uploads(prefix: &str) -> Option<Vec<String>> {
     )
 }
 
-/// Puts `body` at `key` of the local S3 server's bucket as it is, `.`, `..` and empty segments
-/// included, which no `object_store` client can write: how a test plants an object that a
-/// hostile writer could (the server does not check signatures). `None` after saying on
-/// standard error that the test skips, when the server is not running.
-///
-/// # Panics
-/// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`, or it refuses the object.
-pub fn s3_put_verbatim(key: &str, body: &str) -> Option<()> {
-    let (endpoint, bucket) = s3_server()?;
-    let path = verbatim_path(&bucket, key);
-    http_request(&endpoint, "PUT", &path, body)
-        .unwrap_or_else(|e| panic!("the S3 server at {endpoint} refused {path}: {e}"));
-    Some(())
+/// A local server whose objects a test can put and remove as they are, `.`, `..` and empty
+/// segments included, which no `object_store` client can write (neither server checks a
+/// signature): how a test plants an object that a hostile writer could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerbatimServer {
+    /// The S3 server (`WEIGHTBAY_S3_URL`, `AWS_ENDPOINT`).
+    S3,
+    /// The GCS fixture (`WEIGHTBAY_GCS_URL`, `GCS_ENDPOINT`).
+    Gcs,
 }
 
-/// Removes `key` of the local S3 server's bucket as it is, what [`s3_put_verbatim`] put there.
-///
-/// # Panics
-/// When the server does not answer.
-pub fn s3_delete_verbatim(key: &str) -> Option<()> {
-    let (endpoint, bucket) = s3_server()?;
-    // S3 answers a delete with 204, which `http_request` counts as a failure, so the answer is
-    // not read: a key left behind is found by the caller's next listing.
-    let _ = http_request(&endpoint, "DELETE", &verbatim_path(&bucket, key), "");
-    Some(())
+impl VerbatimServer {
+    /// The server's endpoint and bucket, or `None` (having said why on standard error) when
+    /// it is not running.
+    ///
+    /// # Panics
+    /// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`.
+    fn endpoint_and_bucket(self) -> Option<(String, String)> {
+        let (url, scheme, endpoint) = match self {
+            Self::S3 => (s3_url()?, "s3://", "AWS_ENDPOINT"),
+            Self::Gcs => (
+                server_url("WEIGHTBAY_GCS_URL", "gcs", "a GCS server")?,
+                "gs://",
+                "GCS_ENDPOINT",
+            ),
+        };
+        let bucket = url
+            .trim_start_matches(scheme)
+            .split('/')
+            .next()
+            .unwrap_or_default();
+        let endpoint = std::env::var(endpoint).ok()?;
+        Some((endpoint, bucket.to_owned()))
+    }
+
+    /// Puts `body` at `key` of the server's bucket as it is. `None` after saying on standard
+    /// error that the test skips, when the server is not running.
+    ///
+    /// # Panics
+    /// When the server is unset and `WEIGHTBAY_REQUIRE_SERVERS=1`, or it refuses the object.
+    pub fn put(self, key: &str, body: &str) -> Option<()> {
+        let (endpoint, bucket) = self.endpoint_and_bucket()?;
+        let path = verbatim_path(&bucket, key);
+        http_request(&endpoint, "PUT", &path, body)
+            .unwrap_or_else(|e| panic!("the server at {endpoint} refused {path}: {e}"));
+        Some(())
+    }
+
+    /// Removes `key` of the server's bucket as it is, what [`put`](Self::put) put there.
+    ///
+    /// # Panics
+    /// When the server does not answer.
+    pub fn delete(self, key: &str) -> Option<()> {
+        let (endpoint, bucket) = self.endpoint_and_bucket()?;
+        match self {
+            // moto refuses an unsigned DELETE of one object, but not DeleteObjects.
+            Self::S3 => {
+                let key = key
+                    .replace('&', "&amp;")
+                    .replace('<', "&lt;")
+                    .replace('>', "&gt;");
+                let body = format!("<Delete><Object><Key>{key}</Key></Object></Delete>");
+                http_request(&endpoint, "POST", &format!("/{bucket}?delete"), &body)
+                    .unwrap_or_else(|e| {
+                        panic!("the server at {endpoint} did not delete {key}: {e}")
+                    });
+            }
+            // Answered with 204, which `http_request` counts as a failure, so the answer is
+            // not read: a key left behind is found by the caller's next listing.
+            Self::Gcs => {
+                let _ = http_request(&endpoint, "DELETE", &verbatim_path(&bucket, key), "");
+            }
+        }
+        Some(())
+    }
 }
 
 /// The local S3 server's endpoint and bucket, or `None` (having said why) when it is not
 /// running.
 fn s3_server() -> Option<(String, String)> {
-    let url = s3_url()?;
-    let bucket = url
-        .trim_start_matches("s3://")
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    let endpoint = std::env::var("AWS_ENDPOINT").ok()?;
-    Some((endpoint, bucket.to_owned()))
+    VerbatimServer::S3.endpoint_and_bucket()
 }
 
 /// The request path of `key` of `bucket`, its dots percent-encoded so that neither the request

@@ -334,7 +334,7 @@ impl weightbay::Storage for BrokenPending {
             PendingDefect::ListsOnlyAbandoned => self.inner.clean_pending(prefix),
         }
     }
-    weightbay::forward_storage!(inner => capabilities, create, open, delete, list);
+    weightbay::forward_storage!(inner => capabilities, create, open, delete, list, list_foreign);
 }
 
 impl Harness for PendingDefect {

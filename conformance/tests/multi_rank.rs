@@ -167,6 +167,10 @@ impl Storage for Counting {
         self.count("list");
         self.inner.list(prefix)
     }
+    fn list_foreign(&self, prefix: &str) -> weightbay::Result<Vec<weightbay::ForeignEntry>> {
+        self.count("list_foreign");
+        self.inner.list_foreign(prefix)
+    }
 }
 
 /// What the docs state: a rank costs a look for its own manifest (a restart finds it there and

@@ -30,7 +30,7 @@
 ///         self.created.fetch_add(1, Ordering::SeqCst);
 ///         self.inner.create(key, options)
 ///     }
-///     forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list);
+///     forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list, list_foreign);
 /// }
 ///
 /// let counted = Counted { inner: Arc::new(MemoryStorage::new()), created: AtomicUsize::new(0) };
@@ -96,6 +96,15 @@ macro_rules! __forward_storage_methods {
     ([$($path:tt)+] list $($rest:ident)*) => {
         fn list(&self, prefix: &str) -> $crate::Result<::std::vec::Vec<$crate::Listed>> {
             self.$($path)+.list(prefix)
+        }
+        $crate::__forward_storage_methods!([$($path)+] $($rest)*);
+    };
+    ([$($path:tt)+] list_foreign $($rest:ident)*) => {
+        fn list_foreign(
+            &self,
+            prefix: &str,
+        ) -> $crate::Result<::std::vec::Vec<$crate::ForeignEntry>> {
+            self.$($path)+.list_foreign(prefix)
         }
         $crate::__forward_storage_methods!([$($path)+] $($rest)*);
     };

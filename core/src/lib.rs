@@ -77,7 +77,9 @@ pub use sharded::{
     SHARD_CHECKSUMS_KEY, ShardChecksum, ShardedSummary, ShardedWeights, ShardedWriter,
 };
 pub use staging::{Staged, StagedSegment, StagingPool};
-pub use storage::{Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
+pub use storage::{
+    ForeignEntry, Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage,
+};
 pub use storage_ext::StorageExt;
 pub use tensor::Tensor;
 pub use weights::{

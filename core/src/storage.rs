@@ -340,6 +340,20 @@ pub trait Storage: Send + Sync + fmt::Debug {
             "this storage cannot list its containers",
         ))
     }
+
+    /// What lies under `prefix` (as for [`list`](Self::list)) that no container can be, for a
+    /// listing to report rather than hide, sorted by name: a symlink to a directory or to
+    /// nothing, a special file, a name that is no valid key (local files); an object whose
+    /// key has a `.`, `..` or empty segment (object stores). Anyone with write access to the
+    /// storage can plant one, so weightbay never reads, walks into or deletes what this
+    /// returns. A storage where nothing can be foreign (memory) finds none: the default.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    fn list_foreign(&self, prefix: &str) -> Result<Vec<ForeignEntry>> {
+        let _ = prefix;
+        Ok(Vec::new())
+    }
 }
 
 /// A write started and neither committed nor aborted, as [`Storage::pending`] finds it.
@@ -426,6 +440,27 @@ pub struct Listed {
     pub len: u64,
 }
 
+/// An entry under a prefix that no container can be, as [`Storage::list_foreign`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub struct ForeignEntry {
+    /// Its name as stored, relative to the storage's root: key-shaped, but no valid key
+    /// (and, being planted, not to be printed unescaped).
+    pub name: String,
+    /// What it is, in the backend's terms ("a symlink or special file, not followed").
+    pub what: String,
+}
+
+impl ForeignEntry {
+    /// The entry `name`, which is `what`.
+    pub fn new(name: impl Into<String>, what: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            what: what.into(),
+        }
+    }
+}
+
 macro_rules! storage_through_pointers {
     ($($pointer:ty),*) => {$(
         /// Forwards to the storage behind the pointer, so `&S`, `Box<dyn Storage>` and
@@ -451,6 +486,9 @@ macro_rules! storage_through_pointers {
             }
             fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
                 (**self).list(prefix)
+            }
+            fn list_foreign(&self, prefix: &str) -> Result<Vec<ForeignEntry>> {
+                (**self).list_foreign(prefix)
             }
         }
     )*};

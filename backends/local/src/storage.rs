@@ -11,8 +11,8 @@ use weightbay::backend_kit::{
     EntryKind, FileHandle, FileSystem, HeldDir, validate_key, validate_prefix,
 };
 use weightbay::{
-    Capabilities, CreateOptions, Durability, Error, ErrorKind, Listed, PendingWrite, Result, Sink,
-    Source, Storage, WriteMode,
+    Capabilities, CreateOptions, Durability, Error, ErrorKind, ForeignEntry, Listed, PendingWrite,
+    Result, Sink, Source, Storage, WriteMode,
 };
 
 use crate::atomic_sink::{AtomicSink, remove_new_dirs};
@@ -95,6 +95,7 @@ impl LocalStorage {
         let proc_fs = Path::new("/proc/self").exists();
         Ok(self
             .files_under(prefix)?
+            .files
             .into_iter()
             .filter_map(|(relative, name)| {
                 let pid = scratch_pid(&name)?;
@@ -113,11 +114,12 @@ impl LocalStorage {
 
     /// Every file under the directory `prefix` (relative to the root; empty for the root),
     /// with its path relative to the root and its own name; symlinks to files among them,
-    /// since a read follows them (a Hugging Face cache links its snapshot files to blobs). A
-    /// missing directory has none. The walk never descends into a symlink: a link to a
-    /// directory, a loop or a deep tree of links costs one entry each and fails nothing.
-    fn files_under(&self, prefix: &str) -> Result<Vec<(String, String)>> {
-        let mut found = Vec::new();
+    /// since a read follows them (a Hugging Face cache links its snapshot files to blobs);
+    /// and every entry no file of this storage can be. A missing directory has none. The
+    /// walk never descends into a symlink: a link to a directory, a loop or a deep tree of
+    /// links costs one foreign entry each and fails nothing.
+    fn files_under(&self, prefix: &str) -> Result<Walked> {
+        let mut found = Walked::default();
         let mut dirs = vec![prefix.to_owned()];
         while let Some(relative) = dirs.pop() {
             let dir = self.root.join(&relative);
@@ -138,21 +140,30 @@ impl LocalStorage {
                 Err(e) => return Err(Error::io(format!("listing {}", dir.display()), e)),
             };
             for (name, kind) in names {
+                let child = |name: &str| {
+                    if relative.is_empty() {
+                        name.to_owned()
+                    } else {
+                        format!("{relative}/{name}")
+                    }
+                };
                 // Keys are UTF-8: another name is no container of this storage.
                 let Some(name) = name.to_str() else {
+                    let name = child(&name.to_string_lossy());
+                    found
+                        .foreign
+                        .push(ForeignEntry::new(name, "a name that is not UTF-8"));
                     continue;
-                };
-                let child = if relative.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{relative}/{name}")
                 };
                 match kind {
                     EntryKind::File | EntryKind::LinkToFile => {
-                        found.push((child, name.to_owned()));
+                        found.files.push((child(name), name.to_owned()));
                     }
-                    EntryKind::Directory => dirs.push(child),
-                    EntryKind::Other => {}
+                    EntryKind::Directory => dirs.push(child(name)),
+                    EntryKind::Other => found.foreign.push(ForeignEntry::new(
+                        child(name),
+                        "a symlink to a directory or to nothing, or a special file: not followed",
+                    )),
                 }
             }
         }
@@ -163,7 +174,7 @@ impl LocalStorage {
     fn list_files(&self, prefix: &str) -> Result<Vec<Listed>> {
         validate_prefix(prefix)?;
         let mut listed = Vec::new();
-        for (relative, name) in self.files_under(prefix)? {
+        for (relative, name) in self.files_under(prefix)?.files {
             if scratch_pid(&name).is_some() || validate_key(&relative).is_err() {
                 continue;
             }
@@ -325,4 +336,35 @@ impl Storage for LocalStorage {
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         self.list_files(prefix)
     }
+
+    /// Symlinks that are not to files, special files, names that are not UTF-8, and files
+    /// whose path is no valid key.
+    fn list_foreign(&self, prefix: &str) -> Result<Vec<ForeignEntry>> {
+        validate_prefix(prefix)?;
+        let walked = self.files_under(prefix)?;
+        let mut foreign = walked.foreign;
+        for (relative, name) in walked.files {
+            if scratch_pid(&name).is_some() {
+                continue;
+            }
+            if let Err(e) = validate_key(&relative) {
+                foreign.push(ForeignEntry::new(
+                    relative,
+                    format!("a file whose path is no key: {e}"),
+                ));
+            }
+        }
+        foreign.sort();
+        Ok(foreign)
+    }
+}
+
+/// What a walk under a prefix found.
+#[derive(Debug, Default)]
+struct Walked {
+    /// Each file, symlinks to files among them, by its path relative to the root and its own
+    /// name.
+    files: Vec<(String, String)>,
+    /// Each entry no file of this storage can be.
+    foreign: Vec<ForeignEntry>,
 }

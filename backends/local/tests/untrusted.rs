@@ -62,6 +62,13 @@ fn deletes_never_go_through_a_symlinked_directory() {
     }
     assert!(storage.clean_pending("").unwrap().is_empty());
     assert_intact(&files);
+    // Each link is reported as what it is, and only as that.
+    let foreign = |prefix| -> Vec<String> {
+        let entries = storage.list_foreign(prefix).unwrap();
+        entries.into_iter().map(|entry| entry.name).collect()
+    };
+    assert_eq!(foreign("run"), ["run/step-1"]);
+    assert_eq!(foreign(""), ["linked", "run/step-1"]);
     // Reads follow links by design (a Hugging Face cache links its files to blobs).
     assert_eq!(storage.open("run/step-1/model.bpk").unwrap().len(), 4096);
 }
@@ -81,6 +88,7 @@ fn a_symlink_to_a_file_is_listed_and_deleting_it_removes_the_link() {
     let top = tempfile::tempdir().unwrap();
     let (files, root) = linked_file(top.path());
     let storage = LocalStorage::new(&root);
+    assert!(storage.list_foreign("").unwrap().is_empty());
     let listed = storage.list("snapshot").unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(
@@ -114,6 +122,10 @@ fn loops_and_deep_link_trees_cost_nothing() {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert!(listed[0].key.ends_with("d24/model.bpk"));
     assert!(storage.pending("run").unwrap().is_empty());
+    // Two links a level, the loop and the dangling link: each one entry, none followed.
+    let foreign = storage.list_foreign("run").unwrap();
+    assert_eq!(foreign.len(), 2 * 25 + 2, "{foreign:?}");
+    assert!(foreign.iter().any(|entry| entry.name == "run/dangling"));
     assert_eq!(
         storage
             .delete("run/loop/run/d0/model.bpk")

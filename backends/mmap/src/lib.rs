@@ -109,7 +109,7 @@ impl Storage for MmapStorage {
     fn open(&self, key: &str) -> Result<Arc<dyn Source>> {
         Ok(Arc::new(self.open_mmap(key)?))
     }
-    weightbay::forward_storage!(local => delete, pending, clean_pending, list);
+    weightbay::forward_storage!(local => delete, pending, clean_pending, list, list_foreign);
 }
 
 /// A shared read-only map of one file. Cloning and [`bytes`](Source::bytes) share the map;

@@ -297,7 +297,7 @@ impl ObjectStorage {
             .iter()
             .map(|id| (upload_path.clone(), id.clone()))
             .collect();
-        if let Some(lister) = &self.s3_lister {
+        if let Some(lister) = self.raw_lister.as_ref().filter(|l| l.lists_uploads()) {
             for (path, unique) in unnamed {
                 let (lister, at) = (Arc::clone(lister), stored_path(path));
                 let Ok(listed) = self.bridge.run(async move { lister.open_at(&at).await })? else {

@@ -8,14 +8,15 @@ use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use weightbay::backend_kit::{validate_key, validate_prefix};
 use weightbay::{
-    Capabilities, CreateOptions, Error, Listed, PendingWrite, Result, Sink, Source, Storage,
+    Capabilities, CreateOptions, Error, ForeignEntry, Listed, PendingWrite, Result, Sink, Source,
+    Storage,
 };
 
 use crate::error::convert;
 use crate::journal::JOURNAL_SUFFIX;
 use crate::options::{MIN_PART_SIZE, ObjectStoreOptions, STAGING_DIR};
+use crate::raw_lister::{RawLister, RawListing};
 use crate::runtime::Bridge;
-use crate::s3_lister::S3Lister;
 use crate::sink::{ObjectSink, SinkContext};
 use crate::source::ObjectSource;
 use crate::stall::StallWatch;
@@ -41,7 +42,7 @@ pub struct ObjectStorage {
     pub(crate) multipart: Option<Arc<dyn MultipartStore>>,
     /// Lists a key's open uploads, and objects whose keys `object_store` cannot parse, where
     /// the store can (S3).
-    pub(crate) s3_lister: Option<Arc<S3Lister>>,
+    pub(crate) raw_lister: Option<Arc<RawLister>>,
     pub(crate) prefix: Path,
     pub(crate) bridge: Bridge,
     pub(crate) options: ObjectStoreOptions,
@@ -94,7 +95,7 @@ impl ObjectStorage {
         Self {
             store,
             multipart: None,
-            s3_lister: None,
+            raw_lister: None,
             prefix: Path::default(),
             bridge,
             options: ObjectStoreOptions::default(),
@@ -237,27 +238,43 @@ impl ObjectStorage {
     /// Every object under the directory `under` (everything for an empty one), staged uploads
     /// and journals included; `what` names the listing in errors. An object whose key
     /// `object_store` cannot represent (a `.`, `..` or empty segment: anyone with write access
-    /// can create one) fails `object_store`'s whole listing; on S3 the listing is then made
-    /// again by this backend's own requests, and such objects are left out: no container has
-    /// such a key, and nothing here can address one to read or delete it.
+    /// can create one) fails `object_store`'s whole listing; on S3, GCS and Azure the listing
+    /// is then made again by this backend's own requests, and such objects are left out: no
+    /// container has such a key, and nothing here can address one to read or delete it.
     pub(crate) fn objects_under(&self, under: &Path, what: &str) -> Result<Vec<ObjectMeta>> {
+        Ok(self.raw_objects_under(under, what)?.objects)
+    }
+
+    /// As [`objects_under`](Self::objects_under), with the keys left out.
+    fn raw_objects_under(&self, under: &Path, what: &str) -> Result<RawListing> {
         let store = Arc::clone(&self.store);
         let at = under.clone();
         let listed = self.bridge.run(async move {
             let at = (!at.as_ref().is_empty()).then_some(at);
             store.list(at.as_ref()).try_collect::<Vec<_>>().await
         })?;
-        match (listed, &self.s3_lister) {
-            (Ok(objects), _) => Ok(objects),
+        match (listed, &self.raw_lister) {
+            (Ok(objects), _) => Ok(RawListing {
+                objects,
+                unrepresentable: Vec::new(),
+            }),
             (Err(object_store::Error::InvalidPath { .. }), Some(lister)) => {
                 let (lister, at) = (Arc::clone(lister), under.clone());
-                let listed = self
-                    .bridge
+                self.bridge
                     .run(async move { lister.objects_under(&at).await })?
-                    .map_err(|e| convert(what, e))?;
-                Ok(listed.objects)
+                    .map_err(|e| convert(what, e))
             }
             (Err(e), _) => Err(convert(what, e)),
+        }
+    }
+
+    /// `under` with the storage's prefix: the listing of `prefix`.
+    fn listed_path(&self, prefix: &str) -> Result<Path> {
+        validate_prefix(prefix)?;
+        if prefix.is_empty() {
+            Ok(self.prefix.clone())
+        } else {
+            self.path(prefix)
         }
     }
 
@@ -340,20 +357,13 @@ impl Storage for ObjectStorage {
     /// One LIST request per page of 1,000 objects (S3, GCS, Azure); staged create-new uploads,
     /// upload journals and unfinished multipart uploads never appear.
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
-        validate_prefix(prefix)?;
-        let under = if prefix.is_empty() {
-            self.prefix.clone()
-        } else {
-            self.path(prefix)?
-        };
+        let under = self.listed_path(prefix)?;
         let objects = self.objects_under(&under, "listing objects")?;
         let mut found: Vec<Listed> = objects
             .into_iter()
             .filter_map(|meta| {
                 let key = self.relative(&meta.location);
-                let listed = !key.split('/').any(|segment| segment == STAGING_DIR)
-                    && !key.ends_with(JOURNAL_SUFFIX)
-                    && validate_key(&key).is_ok();
+                let listed = !is_internal(&key) && validate_key(&key).is_ok();
                 listed.then_some(Listed {
                     key,
                     len: meta.size,
@@ -363,4 +373,44 @@ impl Storage for ObjectStorage {
         found.sort();
         Ok(found)
     }
+
+    /// Objects whose keys `object_store` cannot address (a `.`, `..` or empty segment) and
+    /// objects whose keys are no valid key of this storage: one more listing.
+    fn list_foreign(&self, prefix: &str) -> Result<Vec<ForeignEntry>> {
+        let under = self.listed_path(prefix)?;
+        let listing = self.raw_objects_under(&under, "listing objects")?;
+        let root = if self.prefix.as_ref().is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.prefix)
+        };
+        let mut foreign: Vec<ForeignEntry> = listing
+            .unrepresentable
+            .into_iter()
+            .map(|stored| {
+                let name = stored.strip_prefix(&root).unwrap_or(&stored).to_owned();
+                ForeignEntry::new(
+                    name,
+                    "an object whose key has a `.`, `..` or empty segment: never read or deleted",
+                )
+            })
+            .collect();
+        for meta in listing.objects {
+            let key = self.relative(&meta.location);
+            if let (false, Err(e)) = (is_internal(&key), validate_key(&key)) {
+                foreign.push(ForeignEntry::new(
+                    key,
+                    format!("an object whose key is no key: {e}"),
+                ));
+            }
+        }
+        foreign.sort();
+        Ok(foreign)
+    }
+}
+
+/// Whether `key` (relative to the storage's prefix) is this backend's own: a staged upload or
+/// an upload journal.
+fn is_internal(key: &str) -> bool {
+    key.split('/').any(|segment| segment == STAGING_DIR) || key.ends_with(JOURNAL_SUFFIX)
 }

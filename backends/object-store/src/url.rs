@@ -12,7 +12,7 @@ use crate::error::convert;
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 use crate::http_client::http_connector;
 use crate::options::{ObjectStoreOptions, StallDetection};
-use crate::s3_lister::S3Lister;
+use crate::raw_lister::RawLister;
 #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
 use crate::stall::StallWatch;
 use crate::storage::ObjectStorage;
@@ -103,10 +103,14 @@ where
         allow(unused_mut)
     )]
     let mut throttle: Option<Arc<Throttle>> = None;
-    // A store that lists what object_store does not (S3): a key's open uploads, for
-    // cleaning up after killed writers, and objects whose keys object_store cannot parse.
-    #[cfg_attr(not(feature = "aws"), allow(unused_mut))]
-    let mut s3_lister: Option<Arc<S3Lister>> = None;
+    // A store that lists what object_store does not: objects whose keys object_store cannot
+    // parse (S3, GCS, Azure), and a key's open uploads, for cleaning up after killed writers
+    // (S3).
+    #[cfg_attr(
+        not(any(feature = "aws", feature = "gcp", feature = "azure")),
+        allow(unused_mut)
+    )]
+    let mut raw_lister: Option<Arc<RawLister>> = None;
     // Every request of a cloud store is watched for stalls, with the settings of the
     // storage's options (set below, and again by whoever changes them).
     #[cfg(any(feature = "aws", feature = "gcp", feature = "azure"))]
@@ -143,8 +147,8 @@ where
                     .build()
                     .map_err(|e| configure("configuring S3", e))?,
             );
-            s3_lister = Some(Arc::new(
-                S3Lister::new(store.clone()).map_err(|e| configure("configuring S3", e))?,
+            raw_lister = Some(Arc::new(
+                RawLister::s3(store.clone()).map_err(|e| configure("configuring S3", e))?,
             ));
             (store.clone(), Some(store))
         }
@@ -166,9 +170,16 @@ where
             local = endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             let store = Arc::new(
                 builder
+                    .clone()
                     .build()
                     .map_err(|e| configure("configuring GCS", e))?,
             );
+            if let Some(bucket_url) = crate::listing_urls::gcs_bucket_url(&builder, &store) {
+                raw_lister = Some(Arc::new(
+                    RawLister::gcs(bucket_url, Arc::clone(store.credentials()))
+                        .map_err(|e| configure("configuring GCS", e))?,
+                ));
+            }
             (store.clone(), Some(store))
         }
         #[cfg(feature = "azure")]
@@ -193,9 +204,17 @@ where
             local = emulator || endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             let store = Arc::new(
                 builder
+                    .clone()
                     .build()
                     .map_err(|e| configure("configuring Azure", e))?,
             );
+            if let Some((url, account)) = crate::listing_urls::azure_container_url(&builder, &store)
+            {
+                raw_lister = Some(Arc::new(
+                    RawLister::azure(url, account, Arc::clone(store.credentials()))
+                        .map_err(|e| configure("configuring Azure", e))?,
+                ));
+            }
             (store.clone(), Some(store))
         }
         ObjectStoreScheme::Local => {
@@ -229,7 +248,7 @@ where
         );
     let mut storage = ObjectStorage::new(store)?;
     storage.multipart = multipart;
-    storage.s3_lister = s3_lister;
+    storage.raw_lister = raw_lister;
     let mut storage = storage.with_prefix(prefix.as_ref())?.with_options(options);
     if let Some(throttle) = throttle {
         storage = storage.with_throttle(throttle);

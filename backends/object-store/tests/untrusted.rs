@@ -11,6 +11,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use weightbay::Storage;
 use weightbay::backend_kit::unique_token;
+use weightbay_conformance::VerbatimServer;
 use weightbay_object_store::ObjectStorage;
 
 /// A writer identity on this machine whose process is gone: this boot and PID namespace, a
@@ -171,13 +172,91 @@ fn planted_journals_touch_nothing_outside_their_own_key() {
 }
 
 /// Objects whose keys `object_store` cannot represent (`..`, `.` and empty segments), planted
-/// on the S3 server beside a run: every listing, `ls` and `gc` of the run goes on, and what
-/// they hold is left alone.
+/// on the S3 server and the GCS fixture beside a run: every listing, `ls` and `gc` of the run
+/// goes on, the listing's foreign entries name each, and what they hold is left alone.
 #[test]
 fn keys_no_client_can_address_fail_no_listing() {
-    let Some(base) = weightbay_conformance::s3_url() else {
+    let servers = [
+        (VerbatimServer::S3, weightbay_conformance::s3_url()),
+        (VerbatimServer::Gcs, std::env::var("WEIGHTBAY_GCS_URL").ok()),
+    ];
+    for (server, base) in servers {
+        let Some(base) = base else {
+            eprintln!("skipped on {server:?}: no server (scripts/servers.sh start s3|gcs)");
+            continue;
+        };
+        let planted = [
+            "runs/a/step-1/../../ab/step-2/commit.json",
+            "runs/a/step-2/./x",
+            "runs/a//y",
+            "runs/a/step-1/.",
+        ];
+        planted_keys_fail_no_listing(
+            &base,
+            &planted,
+            |key| server.put(key, "planted").unwrap(),
+            |key| server.delete(key).unwrap(),
+        );
+    }
+}
+
+/// As [`keys_no_client_can_address_fail_no_listing`], on Azurite, with keys of empty segments
+/// (a signed request's URL keeps those as they are, where it folds `.` and `..` away).
+#[test]
+fn blobs_no_client_can_address_fail_no_listing() {
+    let Some(base) = weightbay_conformance::azure_url() else {
         return;
     };
+    let service = format!(
+        "{}/devstoreaccount1/{}",
+        std::env::var("AZURITE_BLOB_STORAGE_URL").unwrap(),
+        base.trim_start_matches("az://").split('/').next().unwrap()
+    );
+    let request = |method: http::Method, key: &str| {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let service = service.clone();
+        let key = key.to_owned();
+        runtime.block_on(async move {
+            use object_store::azure::{AzureAccessKey, AzureAuthorizer, AzureCredential};
+            use object_store::client::{HttpConnector, HttpRequestBody, ReqwestConnector};
+            let body = if method == http::Method::PUT { "planted" } else { "" };
+            let mut request = http::Request::builder()
+                .method(method)
+                .uri(format!("{service}/{key}"))
+                .header("x-ms-blob-type", "BlockBlob")
+                .header("content-length", body.len())
+                .body(HttpRequestBody::from(body.as_bytes().to_vec()))
+                .unwrap();
+            // Azurite's well-known account key, which every emulator user has.
+            let key = AzureAccessKey::try_new(
+                "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
+            )
+            .unwrap();
+            AzureAuthorizer::new(&AzureCredential::AccessKey(key), "devstoreaccount1")
+                .try_authorize(&mut request)
+                .unwrap();
+            let options = object_store::ClientOptions::new().with_allow_http(true);
+            let client = ReqwestConnector::default().connect(&options).unwrap();
+            let answer = client.execute(request).await.unwrap();
+            assert!(answer.status().is_success(), "Azurite answered {}", answer.status());
+        });
+    };
+    planted_keys_fail_no_listing(
+        &base,
+        &["runs/a//y", "runs/a/step-2//x"],
+        |key| request(http::Method::PUT, key),
+        |key| request(http::Method::DELETE, key),
+    );
+}
+
+/// Saves steps 1 and 2 under `runs/a` of a fresh prefix of `base`, plants `planted` (keys
+/// below that prefix) with `plant`, and checks that nothing fails or touches them.
+fn planted_keys_fail_no_listing(
+    base: &str,
+    planted: &[&str],
+    plant: impl Fn(&str),
+    remove: impl Fn(&str),
+) {
     let storage = weightbay_object_store::open_url(
         &format!("{base}/verbatim-{}", unique_token()),
         std::iter::empty::<(&str, &str)>(),
@@ -195,14 +274,8 @@ fn keys_no_client_can_address_fail_no_listing() {
     checkpoints.save(1, writer()).unwrap();
     checkpoints.save(2, writer()).unwrap();
     let root = storage.prefix().to_string();
-    let planted = [
-        "runs/a/step-1/../../ab/step-2/commit.json",
-        "runs/a/step-2/./x",
-        "runs/a//y",
-        "runs/a/step-1/.",
-    ];
     for key in planted {
-        weightbay_conformance::s3_put_verbatim(&format!("{root}/{key}"), "planted").unwrap();
+        plant(&format!("{root}/{key}"));
     }
     let listed = storage.list("runs/a").unwrap();
     assert_eq!(listed.len(), 4, "{listed:?}");
@@ -213,17 +286,43 @@ fn keys_no_client_can_address_fail_no_listing() {
     );
     assert_eq!(checkpoints.steps().unwrap(), [1, 2]);
     assert_eq!(storage.list("runs").unwrap().len(), 4);
+    let foreign = |prefix| -> Vec<String> {
+        let entries = storage.list_foreign(prefix).unwrap();
+        entries.into_iter().map(|entry| entry.name).collect()
+    };
+    let mut expected: Vec<String> = planted.iter().map(|key| (*key).to_owned()).collect();
+    expected.sort();
+    assert_eq!(foreign("runs/a"), expected);
+    assert_eq!(foreign("runs"), expected);
+    // `ls`: each step stays complete, with what its directory holds that no container can be.
+    for status in checkpoints.list().unwrap() {
+        let dir = format!("runs/a/step-{}/", status.step);
+        let names: Vec<&str> = status.foreign.iter().map(|e| e.name.as_str()).collect();
+        let wanted: Vec<&str> = expected
+            .iter()
+            .filter(|key| key.starts_with(&dir))
+            .map(String::as_str)
+            .collect();
+        assert_eq!(names, wanted, "step {}", status.step);
+        assert_eq!(status.state, weightbay_checkpoints::StepState::Complete);
+    }
     checkpoints.gc().unwrap();
     assert!(storage.pending("runs").unwrap().is_empty());
     checkpoints.open(2).unwrap().verify().unwrap();
+    assert_eq!(
+        foreign("runs/a"),
+        expected,
+        "gc leaves what it cannot address"
+    );
     for key in planted {
-        weightbay_conformance::s3_delete_verbatim(&format!("{root}/{key}")).unwrap();
+        remove(&format!("{root}/{key}"));
     }
     for step in [1, 2] {
         checkpoints.delete_step(step).unwrap();
     }
+    let left = (storage.list("").unwrap(), foreign(""));
     assert!(
-        storage.list("").unwrap().is_empty(),
-        "the test's objects are removed"
+        left.0.is_empty() && left.1.is_empty(),
+        "the test's objects are removed: {left:?}"
     );
 }

@@ -47,6 +47,14 @@ fn check_durable(fast: &Checkpoints, durable: &Checkpoints, case: &str, context:
         let step = status.step;
         match status.state {
             StepState::Uncommitted => {}
+            StepState::Foreign => {
+                fail!(
+                    case,
+                    "{context}: step {step} on the durable tier holds only what no container can \
+                     be: {:?}",
+                    status.foreign
+                )
+            }
             StepState::Damaged(why) => {
                 fail!(
                     case,

@@ -192,7 +192,7 @@ impl Storage for Counting {
             "this counting storage declares no capability",
         ))
     }
-    weightbay::forward_storage!(inner => create, delete);
+    weightbay::forward_storage!(inner => create, delete, list_foreign);
 }
 
 /// A model built from part of a checkpoint reads only that part.
