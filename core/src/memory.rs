@@ -13,7 +13,7 @@ use crate::capabilities::Capabilities;
 use crate::keys::{is_under, validate_key, validate_prefix};
 use crate::options::{CreateOptions, WriteMode, check_deadline};
 use crate::ranges::{check_range, check_written};
-use crate::storage::{Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
+use crate::storage::{ForeignEntry, Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
 #[derive(Debug, Default)]
@@ -134,6 +134,12 @@ impl Storage for MemoryStorage {
                 len: data.len() as u64,
             })
             .collect())
+    }
+
+    /// None: every key here was written through [`create`](Storage::create), so is valid.
+    fn list_foreign(&self, prefix: &str) -> Result<Vec<ForeignEntry>> {
+        validate_prefix(prefix)?;
+        Ok(Vec::new())
     }
 }
 

@@ -346,7 +346,8 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// nothing, a special file, a name that is no valid key (local files); an object whose
     /// key has a `.`, `..` or empty segment (object stores). Anyone with write access to the
     /// storage can plant one, so weightbay never reads, walks into or deletes what this
-    /// returns. A storage where nothing can be foreign (memory) finds none: the default.
+    /// returns. A storage where nothing can be foreign (memory) finds none, the default, and
+    /// says so by answering it.
     ///
     /// # Errors
     /// As [`list`](Self::list).

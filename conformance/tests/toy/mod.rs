@@ -175,6 +175,12 @@ impl Storage for HashMapStorage {
         Err(Error::unsupported("no pending listing"))
     }
 
+    /// None: every key in the map came through `create`, which validates it.
+    fn list_foreign(&self, prefix: &str) -> Result<Vec<weightbay::ForeignEntry>> {
+        validate_prefix(prefix)?;
+        Ok(Vec::new())
+    }
+
     fn list(&self, prefix: &str) -> Result<Vec<Listed>> {
         validate_prefix(prefix)?;
         let naive = self.defect == Some(Defect::ListsByStringPrefix);
