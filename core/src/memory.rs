@@ -13,7 +13,9 @@ use crate::capabilities::Capabilities;
 use crate::keys::{is_under, validate_key, validate_prefix};
 use crate::options::{CreateOptions, WriteMode, check_deadline};
 use crate::ranges::{check_range, check_written};
-use crate::storage::{ForeignEntry, Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage};
+use crate::storage::{
+    ForeignEntry, Listed, PendingWrite, PositionedWrite, ReadBack, Sink, Source, Storage,
+};
 use crate::{AllocationProperty, Bytes, Error, ErrorKind, Result};
 
 #[derive(Debug, Default)]
@@ -285,16 +287,30 @@ impl Drop for MemorySink {
     }
 }
 
-/// A [`Source`] over bytes in memory; [`bytes`](Source::bytes) is zero-copy.
+/// A [`Source`] over bytes in memory: a buffer, or a file's map (`weightbay-mmap` makes its
+/// sources so). [`bytes`](Source::bytes) is zero-copy, and each view carries the allocation
+/// property the source was made with.
 #[derive(Debug, Clone)]
 pub struct MemorySource {
     data: SharedBytes,
+    property: AllocationProperty,
 }
 
 impl MemorySource {
-    /// A source over `data`.
+    /// A source over `data`, an ordinary shared buffer ([`AllocationProperty::Shared`]).
     pub fn new(data: SharedBytes) -> Self {
-        Self { data }
+        Self::with_property(data, AllocationProperty::Shared)
+    }
+
+    /// A source over `data`, whose views report `property` (a map over a file's pages is
+    /// [`AllocationProperty::Mmap`]).
+    pub fn with_property(data: SharedBytes, property: AllocationProperty) -> Self {
+        Self { data, property }
+    }
+
+    /// All of it, as zero-copy bytes.
+    pub fn as_bytes(&self) -> Bytes {
+        Bytes::from_shared(self.data.clone(), self.property)
     }
 
     fn slice(&self, range: &Range<u64>) -> Result<Range<usize>> {
@@ -317,13 +333,10 @@ impl Source for MemorySource {
 
     fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
         let range = self.slice(&range)?;
-        Ok(Bytes::from_shared(
-            self.data.slice(range),
-            AllocationProperty::Shared,
-        ))
+        Ok(Bytes::from_shared(self.data.slice(range), self.property))
     }
 
-    /// Views of the buffer: already resident, so nothing is copied.
+    /// Views of the buffer: nothing is copied (a map's pages come in as they are touched).
     fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         fetch_views(self, ranges)
     }

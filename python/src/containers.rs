@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use weightbay::{AllocationProperty, Bytes, Format, Reader, Result, Tensor, TensorInfo, Writer};
 use weightbay_location::Location;
-use weightbay_mmap::{MmapSource, Prefetch};
+use weightbay_mmap::{Prefetch, map_file_private};
 
 use crate::dlpack::{self, HostTensor};
 use crate::errors::to_py;
@@ -101,7 +101,7 @@ pub(crate) fn load(
 }
 
 /// Opens the container at `location`: a local path is mapped (privately, see
-/// [`MmapSource::open_private`]) when `mmap` is set; anything else is read through its store.
+/// [`map_file_private`]) when `mmap` is set; anything else is read through its store.
 pub(crate) fn open_reader(location: &str, mmap: bool) -> Result<Reader> {
     let local = match location.split_once("://") {
         None => Some(location),
@@ -109,7 +109,7 @@ pub(crate) fn open_reader(location: &str, mmap: bool) -> Result<Reader> {
         Some(_) => None,
     };
     if let Some(path) = local.filter(|_| mmap) {
-        let source = MmapSource::open_private(Path::new(path), Prefetch::Sequential)?;
+        let source = map_file_private(Path::new(path), Prefetch::Sequential)?;
         return Reader::open(Arc::new(source)).map_err(|e| e.with_key(location));
     }
     let parsed = Location::parse(location)?;

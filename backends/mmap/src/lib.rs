@@ -27,14 +27,14 @@
 //! ```
 
 use std::fs::File;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::{Advice, Mmap, MmapOptions};
-use weightbay::backend_kit::{check_range, fetch_views, validate_key};
+use weightbay::backend_kit::validate_key;
 use weightbay::{
-    AllocationProperty, Bytes, Capabilities, CreateOptions, Error, Result, Sink, Source, Storage,
+    AllocationProperty, Capabilities, CreateOptions, Error, MemorySource, Result, Sink, Source,
+    Storage,
 };
 use weightbay_local::LocalStorage;
 
@@ -87,9 +87,9 @@ impl MmapStorage {
     ///
     /// # Errors
     /// [`NotFound`](weightbay::ErrorKind::NotFound); the operating system's error.
-    pub fn open_mmap(&self, key: &str) -> Result<MmapSource> {
+    pub fn open_mmap(&self, key: &str) -> Result<MemorySource> {
         validate_key(key)?;
-        MmapSource::open(&self.local.root().join(key), self.prefetch).map_err(|e| e.with_key(key))
+        map_file(&self.local.root().join(key), self.prefetch).map_err(|e| e.with_key(key))
     }
 }
 
@@ -112,69 +112,41 @@ impl Storage for MmapStorage {
     weightbay::forward_storage!(local => delete, pending, clean_pending, list, list_foreign);
 }
 
-/// A shared read-only map of one file. Cloning and [`bytes`](Source::bytes) share the map;
-/// it is unmapped when the last of them is dropped.
-#[derive(Debug, Clone)]
-pub struct MmapSource {
-    map: bytes::Bytes,
-    path: PathBuf,
+/// Maps the file at `path`, shared and read-only: a source whose views (property
+/// [`AllocationProperty::Mmap`]) share the map, which is unmapped when the last of them is
+/// dropped.
+///
+/// # Errors
+/// [`NotFound`](weightbay::ErrorKind::NotFound); the operating system's error.
+pub fn map_file(path: &Path, prefetch: Prefetch) -> Result<MemorySource> {
+    let file = open_file(path)?;
+    // SAFETY: the map is shared and read-only, over an inode that weightbay never modifies in
+    // place (its saves replace files by rename, and this storage refuses in-place writes).
+    // Another program truncating the file could still raise SIGBUS; the crate docs state the
+    // hazard.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| mapping_failed(path, e))?;
+    prepare(map.len(), prefetch, |advice| map.advise(advice));
+    Ok(over_map(bytes::Bytes::from_owner(map)))
 }
 
-impl MmapSource {
-    /// Maps the file at `path`, shared and read-only.
-    ///
-    /// # Errors
-    /// [`NotFound`](weightbay::ErrorKind::NotFound); the operating system's error.
-    pub fn open(path: &Path, prefetch: Prefetch) -> Result<Self> {
-        let file = open_file(path)?;
-        // SAFETY: the map is shared and read-only, over an inode that weightbay never modifies
-        // in place (its saves replace files by rename, and this storage refuses in-place
-        // writes). Another program truncating the file could still raise SIGBUS; the crate
-        // docs state the hazard.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| mapping_failed(path, e))?;
-        prepare(map.len(), prefetch, |advice| map.advise(advice));
-        Ok(Self::over_map(bytes::Bytes::from_owner(map), path))
-    }
+/// Maps the file at `path` privately, copy on write: the same page-cache pages as
+/// [`map_file`] while they are only read, but a write through an address handed out (a tensor
+/// a Python program changes in place) copies the page it touches for this process alone
+/// instead of faulting, and never reaches the file.
+///
+/// # Errors
+/// As [`map_file`].
+pub fn map_file_private(path: &Path, prefetch: Prefetch) -> Result<MemorySource> {
+    let file = open_file(path)?;
+    // SAFETY: as in `map_file`: the file is never modified in place by weightbay; writes to
+    // this private map stay in the process.
+    let map = unsafe { MmapOptions::new().map_copy(&file) }.map_err(|e| mapping_failed(path, e))?;
+    prepare(map.len(), prefetch, |advice| map.advise(advice));
+    Ok(over_map(bytes::Bytes::from_owner(map)))
+}
 
-    /// Maps the file at `path` privately, copy on write: the same page-cache pages as
-    /// [`open`](Self::open) while they are only read, but a write through an address handed
-    /// out (a tensor a Python program changes in place) copies the page it touches for this
-    /// process alone instead of faulting, and never reaches the file.
-    ///
-    /// # Errors
-    /// As [`open`](Self::open).
-    pub fn open_private(path: &Path, prefetch: Prefetch) -> Result<Self> {
-        let file = open_file(path)?;
-        // SAFETY: as in `open`: the file is never modified in place by weightbay; writes to
-        // this private map stay in the process.
-        let map =
-            unsafe { MmapOptions::new().map_copy(&file) }.map_err(|e| mapping_failed(path, e))?;
-        prepare(map.len(), prefetch, |advice| map.advise(advice));
-        Ok(Self::over_map(bytes::Bytes::from_owner(map), path))
-    }
-
-    fn over_map(map: bytes::Bytes, path: &Path) -> Self {
-        Self {
-            map,
-            path: path.to_path_buf(),
-        }
-    }
-
-    /// The mapped path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The whole mapped file as zero-copy bytes.
-    pub fn as_bytes(&self) -> Bytes {
-        Bytes::from_shared(self.map.clone(), AllocationProperty::Mmap)
-    }
-
-    fn span(&self, range: &Range<u64>) -> Result<Range<usize>> {
-        check_range(range, self.len())?;
-        // Within the map, so both ends fit in usize.
-        Ok(range.start as usize..range.end as usize)
-    }
+fn over_map(map: bytes::Bytes) -> MemorySource {
+    MemorySource::with_property(map, AllocationProperty::Mmap)
 }
 
 fn open_file(path: &Path) -> Result<File> {
@@ -190,31 +162,5 @@ fn prepare(len: usize, prefetch: Prefetch, advise: impl Fn(Advice) -> std::io::R
     if prefetch == Prefetch::Sequential && len > 0 {
         let _ = advise(Advice::Sequential);
         let _ = advise(Advice::WillNeed);
-    }
-}
-
-impl Source for MmapSource {
-    fn len(&self) -> u64 {
-        self.map.len() as u64
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let span = self.span(&(offset..offset.saturating_add(buf.len() as u64)))?;
-        buf.copy_from_slice(&self.map[span]);
-        Ok(())
-    }
-
-    fn bytes(&self, range: Range<u64>) -> Result<Bytes> {
-        let span = self.span(&range)?;
-        Ok(Bytes::from_shared(
-            self.map.slice(span),
-            AllocationProperty::Mmap,
-        ))
-    }
-
-    /// Views of the map: nothing is copied; pages come in as they are touched (or ahead of
-    /// time with [`Prefetch::Sequential`]).
-    fn fetch(&self, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-        fetch_views(self, ranges)
     }
 }

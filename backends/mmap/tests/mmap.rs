@@ -77,11 +77,11 @@ fn retained_regions_outlive_source_reader_and_payload() {
 /// file, and never faults.
 #[test]
 fn writes_through_a_private_map_stay_in_the_process() {
-    use weightbay_mmap::MmapSource;
+    use weightbay_mmap::{map_file, map_file_private};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     std::fs::write(&path, [7u8; 4096]).unwrap();
-    let source = MmapSource::open_private(&path, Prefetch::Sequential).unwrap();
+    let source = map_file_private(&path, Prefetch::Sequential).unwrap();
     let bytes = source.as_bytes();
     let view = bytes.read(AccessPolicy::ZeroCopy).unwrap();
     let address = view.as_ptr().cast_mut();
@@ -94,6 +94,6 @@ fn writes_through_a_private_map_stay_in_the_process() {
         [7u8; 4096],
         "the file is unchanged"
     );
-    let shared = MmapSource::open(&path, Prefetch::OnDemand).unwrap();
+    let shared = map_file(&path, Prefetch::OnDemand).unwrap();
     assert_eq!(shared.as_bytes().to_vec().unwrap()[10], 7);
 }
