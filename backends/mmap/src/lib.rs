@@ -1,7 +1,8 @@
 //! Memory-mapped reads for weightbay.
 //!
 //! [`MmapStorage`] saves through the local backend's durable atomic path and opens containers
-//! as shared read-only memory maps: [`Source::bytes`] hands out zero-copy [`Bytes`] (property
+//! as shared read-only memory maps ([`map_file`], a [`MemorySource`] over the map):
+//! [`Source::bytes`] hands out zero-copy [`Bytes`](weightbay::Bytes) (property
 //! [`AllocationProperty::Mmap`]) that keep the map alive, so tensor bytes outlive the source
 //! and the reader that produced them.
 //!
