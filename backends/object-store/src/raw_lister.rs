@@ -389,7 +389,8 @@ fn parse_http_time(text: &str) -> Option<SystemTime> {
     ];
     let mut words = text.split_whitespace().skip(1);
     let day: i64 = words.next()?.parse().ok()?;
-    let month = MONTHS.iter().position(|m| Some(*m) == words.next())?;
+    let name = words.next()?;
+    let month = MONTHS.iter().position(|m| *m == name)?;
     let year: i64 = words.next()?.parse().ok()?;
     let mut hms = words.next()?.splitn(3, ':').map(str::parse::<u64>);
     let (hours, minutes, seconds) = (hms.next()?.ok()?, hms.next()?.ok()?, hms.next()?.ok()?);
