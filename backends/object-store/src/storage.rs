@@ -40,8 +40,8 @@ pub struct ObjectStorage {
     pub(crate) store: Arc<dyn ObjectStore>,
     /// The same store's multipart API, when it has one: uploads are then journaled.
     pub(crate) multipart: Option<Arc<dyn MultipartStore>>,
-    /// Lists a key's open uploads, and objects whose keys `object_store` cannot parse, where
-    /// the store can (S3).
+    /// Lists objects whose keys `object_store` cannot parse (S3, GCS, Azure) and a key's open
+    /// uploads (S3).
     pub(crate) raw_lister: Option<Arc<RawLister>>,
     pub(crate) prefix: Path,
     pub(crate) bridge: Bridge,
@@ -245,7 +245,7 @@ impl ObjectStorage {
         Ok(self.raw_objects_under(under, what)?.objects)
     }
 
-    /// As [`objects_under`](Self::objects_under), with the keys left out.
+    /// As [`objects_under`](Self::objects_under), with the keys of the objects it leaves out.
     fn raw_objects_under(&self, under: &Path, what: &str) -> Result<RawListing> {
         let store = Arc::clone(&self.store);
         let at = under.clone();
@@ -268,7 +268,7 @@ impl ObjectStorage {
         }
     }
 
-    /// `under` with the storage's prefix: the listing of `prefix`.
+    /// The path a listing of `prefix` covers: the storage's prefix, and `prefix` below it.
     fn listed_path(&self, prefix: &str) -> Result<Path> {
         validate_prefix(prefix)?;
         if prefix.is_empty() {
