@@ -151,9 +151,11 @@ mod tests {
             // binary of its own installs (`memory_bound!`).
             &[
                 Case::PowerLossAtEveryOperation,
+                Case::CompressedSavesSurvivePowerLoss,
                 Case::FileSystemFaultAtEveryOperation,
                 Case::CreateNewRaceStepByStep,
                 Case::ProcessCrashAtEveryStep,
+                Case::CompressedSavesSurviveKills,
                 Case::PeakMemoryIsBounded,
             ]
         }

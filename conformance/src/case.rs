@@ -45,6 +45,8 @@ macro_rules! with_cases {
             checkpoints::interleaved_saves_commit_once => InterleavedSavesCommitOnce,
             incremental::incremental_chains_survive_faults_and_gc => IncrementalChainsSurviveFaultsAndGc,
             incremental::compressed_chains_survive_faults_and_gc => CompressedChainsSurviveFaultsAndGc,
+            compressed_crash::compressed_saves_survive_power_loss => CompressedSavesSurvivePowerLoss,
+            compressed_crash::compressed_saves_survive_kills => CompressedSavesSurviveKills,
             tiered::tiered_promotions_survive_durable_faults => TieredPromotionsSurviveDurableFaults,
             ranks::ranks_commit_when_the_last_finishes => RanksCommitWhenTheLastFinishes,
             ranks::rank_impostors_are_refused => RankImpostorsAreRefused,

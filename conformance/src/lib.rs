@@ -20,8 +20,9 @@
 //!     }
 //!     fn not_applicable(&self) -> &[Case] {
 //!         // Nothing outlives the process, and nothing goes through a file system.
-//!         &[Case::PowerLossAtEveryOperation, Case::FileSystemFaultAtEveryOperation,
-//!           Case::CreateNewRaceStepByStep, Case::ProcessCrashAtEveryStep]
+//!         &[Case::PowerLossAtEveryOperation, Case::CompressedSavesSurvivePowerLoss,
+//!           Case::FileSystemFaultAtEveryOperation, Case::CreateNewRaceStepByStep,
+//!           Case::ProcessCrashAtEveryStep, Case::CompressedSavesSurviveKills]
 //!     }
 //! }
 //!

@@ -20,9 +20,11 @@ impl Harness for Memory {
         // Nothing outlives the process, and nothing goes through a file system.
         &[
             Case::PowerLossAtEveryOperation,
+            Case::CompressedSavesSurvivePowerLoss,
             Case::FileSystemFaultAtEveryOperation,
             Case::CreateNewRaceStepByStep,
             Case::ProcessCrashAtEveryStep,
+            Case::CompressedSavesSurviveKills,
         ]
     }
 

@@ -295,6 +295,18 @@ fn skipping_fsync_fails_the_power_loss_case() {
 }
 
 #[test]
+fn skipping_fsync_fails_the_compressed_power_loss_case() {
+    let message = failure_of(
+        &LocalWith::new(FsDefect::SkipsFsync),
+        Case::CompressedSavesSurvivePowerLoss,
+    );
+    assert!(
+        message.contains("power lost after operation") && message.contains("compressed save"),
+        "{message}"
+    );
+}
+
+#[test]
 fn removing_before_renaming_fails_the_file_system_fault_case() {
     let harness = LocalWith::new(FsDefect::RemovesThenRenames);
     // The gap is never durable, so power loss cannot see it; a failed rename on a live system

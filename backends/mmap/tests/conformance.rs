@@ -65,6 +65,7 @@ impl Harness for Mmap {
         // Maps need real files: there is no simulated file system to put this backend on.
         &[
             Case::PowerLossAtEveryOperation,
+            Case::CompressedSavesSurvivePowerLoss,
             Case::FileSystemFaultAtEveryOperation,
             Case::CreateNewRaceStepByStep,
         ]

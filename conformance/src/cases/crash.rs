@@ -124,13 +124,13 @@ const CHILD_ENV: &str = "WEIGHTBAY_CONFORMANCE_CRASH_CHILD";
 /// calls, store requests) when the harness can apply faults there, else between storage
 /// operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum KillLayer {
+pub(crate) enum KillLayer {
     Inner,
     Storage,
 }
 
 /// Reopens `locator` in this process with `plan` applied at `layer`.
-fn reopen_with_plan<H: Harness>(
+pub(crate) fn reopen_with_plan<H: Harness>(
     harness: &H,
     locator: &str,
     layer: KillLayer,

@@ -13,11 +13,11 @@ use crate::outcome::{Outcome, fail};
 use crate::{Faulty, Harness, is_injected};
 
 /// The prefix the case saves under.
-const PREFIX: &str = "chain";
+pub(crate) const PREFIX: &str = "chain";
 
 /// Step `step`'s tensors: `frozen` never changes, `adapter` changes every step, `sparse`
 /// changes in one chunk every other step.
-fn model(step: u64) -> Vec<Tensor> {
+pub(crate) fn model(step: u64) -> Vec<Tensor> {
     let frozen: Vec<u8> = (0..24_000u32).map(|i| (i % 251) as u8).collect();
     let adapter = vec![step as u8; 3000];
     let mut sparse: Vec<u8> = (0..16_000u32).map(|i| (i % 13) as u8).collect();
@@ -33,7 +33,7 @@ fn incremental() -> SaveOptions {
     SaveOptions::incremental().with_chunk_len(4096)
 }
 
-fn compressed() -> SaveOptions {
+pub(crate) fn compressed() -> SaveOptions {
     incremental().with_compression()
 }
 
@@ -50,7 +50,7 @@ fn expected(step: u64) -> BTreeMap<String, Vec<u8>> {
 
 /// Fails unless every complete checkpoint reads what its step saved and verifies, and
 /// `newest` is among them.
-fn check_all(checkpoints: &Checkpoints, newest: u64, case: &str, context: &str) {
+pub(crate) fn check_all(checkpoints: &Checkpoints, newest: u64, case: &str, context: &str) {
     let statuses = checkpoints
         .list()
         .unwrap_or_else(|e| fail!(case, "{context}: listing: {e}"));

@@ -3,6 +3,7 @@
 //! [`Case`]'s, in `case.rs`.
 
 pub mod checkpoints;
+pub mod compressed_crash;
 pub mod crash;
 pub mod create_new;
 pub mod faults;

@@ -406,9 +406,11 @@ impl Harness for HashMapHarness {
         // append, and it keeps no list of unfinished writes.
         &[
             Case::PowerLossAtEveryOperation,
+            Case::CompressedSavesSurvivePowerLoss,
             Case::FileSystemFaultAtEveryOperation,
             Case::CreateNewRaceStepByStep,
             Case::ProcessCrashAtEveryStep,
+            Case::CompressedSavesSurviveKills,
             Case::PositionedWritesLandWhole,
             Case::WritesInProgressArePending,
             Case::CleaningSparesWritesInProgress,

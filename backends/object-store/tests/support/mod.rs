@@ -14,8 +14,9 @@ use weightbay_object_store::{ObjectStorage, ObjectStoreOptions, open_url};
 
 /// The cases no object store can run: it does no file I/O through weightbay's file-system seam,
 /// an upload's bytes cannot be read back before the object exists, and it takes them in order.
-const NOT_APPLICABLE: [Case; 5] = [
+const NOT_APPLICABLE: [Case; 6] = [
     Case::PowerLossAtEveryOperation,
+    Case::CompressedSavesSurvivePowerLoss,
     Case::FileSystemFaultAtEveryOperation,
     Case::CreateNewRaceStepByStep,
     Case::ReadBackFollowsWrites,
@@ -24,12 +25,13 @@ const NOT_APPLICABLE: [Case; 5] = [
 
 /// For `file://` stores too: local files have no multipart API, so a write in progress is
 /// not journaled and `pending` cannot see it.
-const NOT_APPLICABLE_FILES: [Case; 6] = [
+const NOT_APPLICABLE_FILES: [Case; 7] = [
     NOT_APPLICABLE[0],
     NOT_APPLICABLE[1],
     NOT_APPLICABLE[2],
     NOT_APPLICABLE[3],
     NOT_APPLICABLE[4],
+    NOT_APPLICABLE[5],
     Case::WritesInProgressArePending,
 ];
 
@@ -75,7 +77,9 @@ impl Harness for InMemory {
             NOT_APPLICABLE[2],
             NOT_APPLICABLE[3],
             NOT_APPLICABLE[4],
+            NOT_APPLICABLE[5],
             Case::ProcessCrashAtEveryStep,
+            Case::CompressedSavesSurviveKills,
         ]
     }
 
