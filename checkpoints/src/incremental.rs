@@ -191,6 +191,21 @@ pub(crate) struct Plan<'a> {
     base: BaseIndex<'a>,
 }
 
+impl Plan<'static> {
+    /// The pieces of a container of `len` bytes whose tensors lie at `tensors` (ascending),
+    /// with no base: each is hashed as it streams and written. A compressed copy's plan.
+    pub(crate) fn whole(len: u64, tensors: &[std::ops::Range<u64>], chunk_len: u64) -> Self {
+        let cuts = cut(len, tensors, chunk_len);
+        Self {
+            len,
+            decisions: vec![Decision::Decide; cuts.len()],
+            cuts,
+            known_crcs: BTreeMap::new(),
+            base: BaseIndex::new(None),
+        }
+    }
+}
+
 /// The pieces of `writer`'s container and what each will be, given `base`.
 pub(crate) fn plan<'a>(
     writer: &Writer,

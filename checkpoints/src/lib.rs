@@ -67,7 +67,8 @@
 //!   (`in_flight`), what a save learns of its containers as they stream (`committed_containers`);
 //! - incremental saves (`incremental`, `content`) and their reads (`spliced`), their pieces
 //!   encoded as the writer streams (`encoders`) and decoded into place when read (`decoded`);
-//! - finding checkpoints (`listing`), retention and gc (`retention`), copies (`copy`), one
+//! - finding checkpoints (`listing`), retention and gc (`retention`), copies (`copy`, and with their pieces encoded
+//!   `copy_compressed`), one
 //!   checkpoint and its verification (`checkpoint`);
 //! - rank saves (`ranks`) and their merge (`merge`), loading in any rank layout (`assembled`,
 //!   `region`), requests made several at a time (`parallel`);
@@ -92,6 +93,7 @@ mod committed_containers;
 mod content;
 mod converted;
 mod copy;
+mod copy_compressed;
 mod decoded;
 mod encoders;
 mod export;

@@ -69,6 +69,9 @@ pub(crate) struct Queue {
     pub(crate) retention_failure: Option<Error>,
     /// Passes of that policy running: `flush` waits for them too.
     pub(crate) retaining: usize,
+    /// Whether promotions store the durable tier's pieces encoded
+    /// ([`Tiered::with_compressed_promotion`](crate::Tiered::with_compressed_promotion)).
+    pub(crate) compress: bool,
 }
 
 impl Queue {
@@ -220,7 +223,10 @@ impl Tiers {
         policy: &Promotion,
     ) -> Option<Sender<Followed>> {
         let mut queue = self.promoter.lock();
+        // A followed save streams its containers raw: a compressed promotion waits for the
+        // save to commit instead.
         if !step.is_multiple_of(policy.multiple_of)
+            || queue.compress
             || queue.working
             || !queue.copying.is_empty()
             || !queue.waiting.is_empty()
@@ -350,7 +356,9 @@ impl Tiers {
     /// CRC32C checked on the way, the commit record last. A step the durable tier holds
     /// already counts as promoted if its bytes are the fast tier's. Streamed containers
     /// (`heads`) go into save directory `save` of the step, whose save slot the caller holds;
-    /// without them the copy is [`Checkpoints::copy_from`].
+    /// without them the copy is [`Checkpoints::copy_from`], or with compressed promotions
+    /// [`Checkpoints::copy_compressed_from`] for a checkpoint of one container (sharded sets
+    /// and rank parts are promoted raw).
     ///
     /// # Errors
     /// [`ErrorKind::AlreadyExists`] when the durable tier holds the step with other bytes;
@@ -361,11 +369,18 @@ impl Tiers {
         streamed: Option<(&str, Heads)>,
     ) -> Result<CommitRecord> {
         let step = checkpoint.step();
+        let record = checkpoint.record();
+        let one_container =
+            record.pieces.is_some() || (record.index.is_none() && record.world_size.is_none());
+        let compress = self.promoter.lock().compress && one_container;
         let copied = match streamed {
             Some((save, heads)) => {
                 self.durable
                     .copy_containers(checkpoint, save, heads, Durability::Default)
             }
+            None if compress => self
+                .durable
+                .copy_compressed_from(checkpoint, Durability::Default),
             None => self.durable.copy_from(checkpoint, Durability::Default),
         };
         match copied {

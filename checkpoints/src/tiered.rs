@@ -412,6 +412,18 @@ impl Tiered {
         self
     }
 
+    /// Stores what promotions copy to the durable tier compressed
+    /// ([`Checkpoints::copy_compressed_from`]): the fast tier keeps its containers raw, so
+    /// they stay mmap-able and load at disk speed, and the durable tier, across the slower
+    /// link, stores and sends fewer bytes. A promotion then starts once its save has
+    /// committed, never following a save as it writes. Sharded sets and rank parts are
+    /// promoted raw. Clones of this value share the setting, as they share the promotions.
+    #[must_use]
+    pub fn with_compressed_promotion(self) -> Self {
+        self.tiers.promoter.lock().compress = true;
+        self
+    }
+
     /// [`Checkpoints::gc`] on each tier. A promotion in flight is this value's durable tier's
     /// save in flight, which its gc leaves alone.
     ///

@@ -1,5 +1,6 @@
 //! `weightbay cp`: a container or sharded set into one container (converting its format if
-//! asked), or checkpoints into another prefix, byte for byte, each commit record last.
+//! asked), or checkpoints into another prefix, each reading as its source byte for byte
+//! (stored raw or with its pieces compressed), each commit record last.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -39,6 +40,25 @@ pub(crate) struct CpArgs {
     /// lie in.
     #[arg(long, conflicts_with = "all")]
     pub(crate) materialize: bool,
+    /// Of a checkpoint prefix, store each copy's pieces compressed, as a compressed save
+    /// stores them: fewer bytes to a slower destination, read back bit for bit. A sharded
+    /// set or a checkpoint written by several ranks is copied raw. Without `--compress` or
+    /// `--decompress` a copy keeps its source's: a compressed checkpoint is copied compressed.
+    #[arg(long, conflicts_with_all = ["materialize", "decompress"])]
+    pub(crate) compress: bool,
+    /// Of a checkpoint prefix, store each copy raw: a compressed checkpoint's pieces decoded
+    /// into one container that any tool can map or read.
+    #[arg(long, conflicts_with = "materialize")]
+    pub(crate) decompress: bool,
+}
+
+/// How a copy of a checkpoint stores its pieces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    /// As its source stores them: compressed when any is encoded.
+    AsSource,
+    Compressed,
+    Raw,
 }
 
 /// Runs `weightbay cp`.
@@ -51,7 +71,14 @@ pub(crate) fn run(args: CpArgs) -> Result<ExitCode> {
         step,
         all,
         materialize,
+        compress,
+        decompress,
     } = args;
+    let encoding = match (compress, decompress) {
+        (true, _) => Encoding::Compressed,
+        (_, true) => Encoding::Raw,
+        _ => Encoding::AsSource,
+    };
     let (from, to) = (locate(&src)?, locate(&dst)?);
     // The copy's own returns end this closure, so the stalls are reported either way.
     let copied = (|| -> Result<ExitCode> {
@@ -66,7 +93,13 @@ pub(crate) fn run(args: CpArgs) -> Result<ExitCode> {
                 let format = format.map(FormatArg::format);
                 return materialize_checkpoint(&source, steps[0], &to, format, mode, &dst);
             }
-            return copy_checkpoints(&source, &to, &steps, &dst);
+            return copy_checkpoints(&source, &to, &steps, (encoding, &dst));
+        }
+        if encoding != Encoding::AsSource {
+            return Err(weightbay::Error::invalid(
+                "--compress and --decompress apply to checkpoint prefixes: a container is \
+                 copied as it is stored",
+            ));
         }
         let ((tensors, len), format) = restarting(&src, || {
             let became_prefix = || {
@@ -157,12 +190,13 @@ fn materialize_checkpoint(
 }
 
 /// Copies the checkpoints of `steps` from `source` to the prefix `to` (durably where the
-/// destination can), skipping steps already committed there.
+/// destination can), their pieces stored by `encoding`, skipping steps already committed
+/// there.
 fn copy_checkpoints(
     source: &Checkpoints,
     to: &Location,
     steps: &[u64],
-    dst: &str,
+    (encoding, dst): (Encoding, &str),
 ) -> Result<ExitCode> {
     let durability = if to.storage.capabilities().durable_commit {
         Durability::Durable
@@ -182,13 +216,37 @@ fn copy_checkpoints(
             Arc::clone(&counting) as Arc<dyn weightbay::Storage>,
             to.key.clone(),
         );
-        let copied = destination.copy_from(&checkpoint, durability);
+        let encoded = record
+            .pieces
+            .as_ref()
+            .is_some_and(|p| p.list.iter().any(|piece| piece.encoding.is_some()));
+        let one_container =
+            record.pieces.is_some() || (record.index.is_none() && record.world_size.is_none());
+        let compress = one_container
+            && match encoding {
+                Encoding::AsSource => encoded,
+                Encoding::Compressed => true,
+                Encoding::Raw => false,
+            };
+        if encoding == Encoding::Compressed && !one_container {
+            eprintln!("step {step} has several containers (shards or ranks): copied raw");
+        }
+        let copied = if compress {
+            destination.copy_compressed_from(&checkpoint, durability)
+        } else {
+            destination.copy_from(&checkpoint, durability)
+        };
         counting.finish();
         match copied {
-            Ok(record) => eprintln!(
-                "copied checkpoint step {step}: {} containers, {total} bytes, to {dst}",
-                record.containers.len()
-            ),
+            Ok(record) => {
+                let stored: u64 = record.containers.iter().map(|c| c.len).sum();
+                let how = if compress { "compressed" } else { "raw" };
+                eprintln!(
+                    "copied checkpoint step {step}: {} containers, {total} bytes, stored {how} \
+                     in {stored} bytes, to {dst}",
+                    record.containers.len()
+                );
+            }
             Err(e) if e.kind() == ErrorKind::AlreadyExists && steps.len() > 1 => {
                 eprintln!("step {step} is at {dst} already; skipped");
             }

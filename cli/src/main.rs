@@ -42,7 +42,8 @@ enum Command {
     Verify(verify::VerifyArgs),
     /// Copy between any two storages: a container or sharded set into one container
     /// (converting its format if asked), or a checkpoint into another checkpoint prefix
-    /// (byte for byte, its commit record last).
+    /// (reading as its source byte for byte, stored raw or compressed, its commit record
+    /// last).
     Cp(cp::CpArgs),
     /// List the checkpoints under a prefix: step, time, bytes stored, bytes of earlier
     /// checkpoints referred to (incremental saves), format, and whether complete. With

@@ -683,6 +683,79 @@ fn a_compressed_checkpoint_lists_what_it_stores_and_reads_as() {
     assert!(output.status.success(), "{stdout}{stderr}");
 }
 
+/// `cp` of checkpoint prefixes: `--compress` stores a raw checkpoint's pieces compressed, a
+/// plain copy keeps that, `--decompress` stores it raw again; every copy verifies and reads
+/// as the source, and a container refuses the flags.
+#[test]
+fn cp_compresses_and_decompresses_checkpoints() {
+    use weightbay_checkpoints::Checkpoints;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = weightbay_local::LocalStorage::new(dir.path());
+    let values: Vec<f32> = (0..1 << 18)
+        .map(|i| ((i * 7919) % 2001) as f32 * 1e-5 - 0.01)
+        .collect();
+    let tensors = vec![Tensor::from_slice("w", [1 << 18], &values)];
+    Checkpoints::new(storage.clone(), "raw")
+        .save(1, Writer::new(tensors))
+        .unwrap();
+    let at = |name: &str| dir.path().join(name).to_str().unwrap().to_owned();
+    let stored = |prefix: &str| {
+        let checkpoints = Checkpoints::new(storage.clone(), prefix);
+        let record = checkpoints.open(1).unwrap().record().clone();
+        let encoded = record
+            .pieces
+            .as_ref()
+            .is_some_and(|p| p.list.iter().any(|piece| piece.encoding.is_some()));
+        let len: u64 = record.containers.iter().map(|c| c.len).sum();
+        (encoded, len)
+    };
+    for (from, to, flag) in [
+        ("raw", "compressed", Some("--compress")),
+        ("compressed", "kept", None),
+        ("kept", "decompressed", Some("--decompress")),
+    ] {
+        let mut args = vec!["cp", "--all"];
+        args.extend(flag);
+        let (src, dst) = (at(from), at(to));
+        args.extend([src.as_str(), dst.as_str()]);
+        let output = weightbay(&args);
+        let (_, stderr) = text(&output);
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        let output = weightbay(&["verify", &dst]);
+        assert!(output.status.success(), "{to}: {:?}", text(&output));
+    }
+    let (raw, raw_len) = stored("raw");
+    assert!(!raw);
+    for prefix in ["compressed", "kept"] {
+        let (encoded, len) = stored(prefix);
+        assert!(
+            encoded && len * 10 < raw_len * 9,
+            "{prefix}: {len} of {raw_len}"
+        );
+    }
+    assert_eq!(stored("decompressed"), (false, raw_len));
+    let contents = |prefix: &str| {
+        let checkpoint = Checkpoints::new(storage.clone(), prefix).open(1).unwrap();
+        let reader = checkpoint.reader().unwrap();
+        let source = reader.source();
+        let mut body = vec![0; source.len() as usize];
+        source.read_at(0, &mut body).unwrap();
+        body
+    };
+    for prefix in ["compressed", "kept", "decompressed"] {
+        assert!(contents(prefix) == contents("raw"), "{prefix}");
+    }
+    let file = dir.path().join("one.bpk");
+    golden(&file);
+    let output = weightbay(&["cp", "--compress", file.to_str().unwrap(), &at("two.bpk")]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        text(&output).1.contains("checkpoint prefixes"),
+        "{:?}",
+        text(&output)
+    );
+}
+
 /// Incremental checkpoints on the command line: `ls` shows what each stored and refers to,
 /// `verify` follows the references, `gc --dry-run` says which step keeps a retired
 /// checkpoint's container, and `cp --materialize` writes one self-contained container.

@@ -1,6 +1,7 @@
 //! Tiered checkpoints (`weightbay-checkpoints`) with the backend as the durable tier and an
 //! in-memory fast tier: promotions, run on demand, queued behind saves and following background
-//! saves as they write, failing at every operation of the backend in turn. Whatever fails, the
+//! saves as they write, and compressed behind saves, failing at every operation of the
+//! backend in turn. Whatever fails, the
 //! durable tier never shows a complete checkpoint whose bytes differ from the fast tier's, nor
 //! a damaged one.
 
@@ -16,9 +17,9 @@ use crate::{Faulty, Harness, is_injected};
 /// The prefix the case saves under, on both tiers.
 const PREFIX: &str = "tiered";
 
-/// Step `step`'s tensors.
+/// Step `step`'s tensors: few distinct bytes, so a compressed promotion encodes them.
 fn model(step: u64) -> Vec<Tensor> {
-    let weights: Vec<u8> = (0..20_000u64).map(|i| (i * 7 + step) as u8).collect();
+    let weights: Vec<u8> = (0..20_000u64).map(|i| (i * 7 % 11 + step) as u8).collect();
     vec![
         Tensor::new("w", DType::U8, [20_000], weights),
         Tensor::new("step", DType::U8, [8], step.to_le_bytes().to_vec()),
@@ -88,9 +89,10 @@ type Promote = dyn Fn(&Tiered, u64) -> Result<()>;
 
 /// Promotions failing at every operation of the durable tier in turn, on demand
 /// ([`Tiered::promote`]), queued behind a save ([`Tiered::save`], then [`Tiered::flush`]) and
-/// following a background save as it writes ([`Tiered::save_in_background`]): the durable
-/// tier shows each step complete with the fast tier's bytes, or not at all; then an unfailing
-/// promotion lands.
+/// following a background save as it writes ([`Tiered::save_in_background`]), and queued
+/// behind a save with its pieces stored encoded ([`Tiered::with_compressed_promotion`]): the
+/// durable tier shows each step complete with the fast tier's bytes, or not at all; then an
+/// unfailing promotion lands (encoded, for the last way).
 pub fn tiered_promotions_survive_durable_faults<H: Harness>(harness: &H, case: &str) -> Outcome {
     let storage = harness.fresh();
     if !storage.capabilities().listing {
@@ -99,38 +101,59 @@ pub fn tiered_promotions_survive_durable_faults<H: Harness>(harness: &H, case: &
     let fast = Checkpoints::new(MemoryStorage::new(), PREFIX);
     let durable = Checkpoints::over(Arc::new(harness.reopen(&storage)), PREFIX);
     let mut step = 0;
-    let ways: [(&str, &Promote); 3] = [
-        ("promoting on demand", &|tiered, step| {
+    let behind_a_save: &Promote = &|tiered, step| {
+        tiered.save(step, Writer::new(model(step)))?;
+        tiered.flush()
+    };
+    let ways: [(&str, bool, &Promote); 4] = [
+        ("promoting on demand", false, &|tiered, step| {
             tiered.fast().save(step, Writer::new(model(step)))?;
             tiered.promote(step).map(drop)
         }),
-        ("promoting behind a save", &|tiered, step| {
-            tiered.save(step, Writer::new(model(step)))?;
-            tiered.flush()
-        }),
-        ("promoting as a background save writes", &|tiered, step| {
-            let writer = Writer::new(model(step));
-            tiered
-                .save_in_background(step, writer, SaveOptions::default())?
-                .wait()?;
-            tiered.flush()
-        }),
+        ("promoting behind a save", false, behind_a_save),
+        (
+            "promoting as a background save writes",
+            false,
+            &|tiered, step| {
+                let writer = Writer::new(model(step));
+                tiered
+                    .save_in_background(step, writer, SaveOptions::default())?
+                    .wait()?;
+                tiered.flush()
+            },
+        ),
+        ("promoting compressed behind a save", true, behind_a_save),
     ];
-    for (way, promote) in ways {
+    for (way, compressed, promote) in ways {
         for fail_at in 1.. {
             step += 1;
             let faulty: Arc<dyn Storage> =
                 Arc::new(Faulty::failing_at(harness.reopen(&storage), fail_at));
-            let tiered = Tiered::new(fast.clone(), Checkpoints::over(faulty, PREFIX))
+            let mut tiered = Tiered::new(fast.clone(), Checkpoints::over(faulty, PREFIX))
                 .with_promotion(Promotion::every_save());
+            if compressed {
+                tiered = tiered.with_compressed_promotion();
+            }
             let context = format!("{way}, step {step}, failing at operation {fail_at}");
             match promote(&tiered, step) {
                 Ok(()) => {
                     check_durable(&fast, &durable, case, &context);
-                    if durable.open(step).is_err() {
+                    let Ok(promoted) = durable.open(step) else {
                         fail!(
                             case,
                             "{context}: the promotion succeeded, the step is not there"
+                        );
+                    };
+                    let encoded = promoted
+                        .record()
+                        .pieces
+                        .as_ref()
+                        .is_some_and(|p| p.list.iter().any(|piece| piece.encoding.is_some()));
+                    if encoded != compressed {
+                        fail!(
+                            case,
+                            "{context}: the promoted step is stored encoded: {encoded}, asked: \
+                             {compressed}"
                         );
                     }
                     break;

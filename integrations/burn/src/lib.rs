@@ -8,7 +8,9 @@
 //! before the next, so a save holds about one tensor beyond the model. Loading reads ahead of
 //! burn as it applies the tensors ([`weightbay::Prefetched`], within 256 MiB or an object
 //! store's fetch budget), so the reads (round trips, copies out of the page cache) overlap
-//! burn's own work.
+//! burn's own work. A module saves as a checkpoint of `weightbay-checkpoints`, with any of
+//! its save options (compressed, incremental), through [`WeightbayStore::writer_of`], and
+//! loads from one through [`WeightbayStore::from_reader`].
 //!
 //! ```
 //! use std::sync::Arc;

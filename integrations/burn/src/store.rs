@@ -149,6 +149,35 @@ impl WeightbayStore {
         self
     }
 
+    /// A writer of `module`'s tensors (those the filter passes), in this store's format, with
+    /// its metadata and trailer setting: what a checkpoint saves, with any `SaveOptions` of
+    /// `weightbay-checkpoints` (compressed, incremental), as
+    /// `checkpoints.save_with(step, WeightbayStore::writer_of(&model)?, SaveOptions::compressed())`.
+    /// Load it back through [`from_reader`](Self::from_reader) of the checkpoint's reader.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unsupported`] for a dtype weightbay cannot store.
+    pub fn writer_of<M: ModuleSnapshot>(module: &M) -> Result<Writer> {
+        Self::new_unplaced().writer(module)
+    }
+
+    /// [`writer_of`](Self::writer_of) by this store's settings.
+    fn writer<M: ModuleSnapshot>(&self, module: &M) -> Result<Writer> {
+        let tensors = module
+            .collect(self.filter.clone(), None, false)
+            .into_iter()
+            .map(to_weightbay)
+            .collect::<Result<Vec<_>>>()?;
+        let mut writer = Writer::new(tensors).with_format(self.format);
+        if self.format == Format::Burnpack {
+            writer = writer.with_trailer(self.trailer);
+        }
+        for (key, value) in &self.metadata {
+            writer = writer.with_metadata(key, value);
+        }
+        Ok(writer)
+    }
+
     /// Reads the index of the stored container, once; the tensors' bytes stay unread until
     /// burn applies them.
     fn cache(&mut self) -> Result<&BTreeMap<String, StoreTensor>> {
@@ -202,22 +231,11 @@ impl ModuleStore for WeightbayStore {
 
     fn collect_from<M: ModuleSnapshot>(&mut self, module: &M) -> Result<()> {
         self.cache = None;
-        let tensors = module
-            .collect(self.filter.clone(), None, false)
-            .into_iter()
-            .map(to_weightbay)
-            .collect::<Result<Vec<_>>>()?;
-        let mut writer =
-            Writer::new(tensors)
-                .with_format(self.format)
-                .with_mode(if self.overwrite {
-                    WriteMode::Overwrite
-                } else {
-                    WriteMode::CreateNew
-                });
-        if self.format == Format::Burnpack {
-            writer = writer.with_trailer(self.trailer);
-        }
+        let mut writer = self.writer(module)?.with_mode(if self.overwrite {
+            WriteMode::Overwrite
+        } else {
+            WriteMode::CreateNew
+        });
         let storage = self.storage.as_ref().ok_or_else(|| {
             Error::new(
                 ErrorKind::Unsupported,
@@ -230,9 +248,6 @@ impl ModuleStore for WeightbayStore {
         } else {
             Durability::default()
         }));
-        for (key, value) in &self.metadata {
-            writer = writer.with_metadata(key, value);
-        }
         writer.write_to(storage.as_ref(), &self.key).map(drop)
     }
 

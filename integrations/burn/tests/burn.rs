@@ -216,18 +216,9 @@ fn a_module_from_s3_loads_in_a_few_requests_not_one_per_tensor() {
 fn a_module_loads_from_an_incremental_checkpoint() {
     use weightbay_checkpoints::{Checkpoints, SaveOptions};
     let device = Default::default();
-    let scratch = Arc::new(MemoryStorage::new());
     let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
     let save = |step, model: &Mlp| {
-        model
-            .save_into(&mut WeightbayStore::new(
-                scratch.clone(),
-                format!("{step}.bpk"),
-            ))
-            .unwrap();
-        let writer = weightbay::Reader::open_key(scratch.as_ref(), &format!("{step}.bpk"))
-            .unwrap()
-            .to_writer();
+        let writer = WeightbayStore::writer_of(model).unwrap();
         checkpoints
             .save_with(step, writer, SaveOptions::incremental())
             .unwrap()
@@ -253,4 +244,33 @@ fn a_module_loads_from_an_incremental_checkpoint() {
     assert_eq!(parameters(&loaded), parameters(&second));
     let error = second.save_into(&mut store).unwrap_err();
     assert!(error.to_string().contains("only loads"), "{error}");
+}
+
+/// A module saves as a compressed checkpoint (`WeightbayStore::writer_of`) and loads from it
+/// exactly as saved.
+#[test]
+fn a_module_saved_compressed_loads_as_saved() {
+    use weightbay_checkpoints::{Checkpoints, SaveOptions};
+    let device = Default::default();
+    let checkpoints = Checkpoints::new(MemoryStorage::new(), "run");
+    let model = Mlp::new(&device);
+    let writer = WeightbayStore::writer_of(&model).unwrap();
+    let record = checkpoints
+        .save_with(1, writer, SaveOptions::compressed())
+        .unwrap();
+    let pieces = record.pieces.as_ref().unwrap();
+    assert!(pieces.list.iter().any(|p| p.encoding.is_some()));
+    let stored: u64 = record.containers.iter().map(|c| c.len).sum();
+    assert!(
+        stored < pieces.len,
+        "stored {stored} of {} bytes",
+        pieces.len
+    );
+    let reader = checkpoints.open(1).unwrap().reader().unwrap();
+    let mut loaded = Mlp::new(&device);
+    let result = loaded
+        .load_from(&mut WeightbayStore::from_reader(reader))
+        .unwrap();
+    assert!(result.is_success(), "{result:?}");
+    assert_eq!(parameters(&loaded), parameters(&model));
 }

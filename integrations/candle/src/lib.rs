@@ -12,7 +12,9 @@
 //! ([`CandleAllocator`]), so the bytes are written once, not once by the fetch and again by a
 //! copy into candle's memory.
 //! Saving streams a `VarMap` (or any named tensors) as
-//! deferred tensors: each is read back from its device only when the writer reaches it.
+//! deferred tensors: each is read back from its device only when the writer reaches it. To a
+//! key ([`save_var_map`]), or as a checkpoint of `weightbay-checkpoints` with any of its save
+//! options, compressed or incremental ([`var_map_writer`]).
 //!
 //! ```
 //! use candle_core::{DType, Device, Module, Tensor};
@@ -293,6 +295,17 @@ pub fn save_var_map<S: Storage + ?Sized>(
     storage: &S,
     key: &str,
 ) -> weightbay::Result<weightbay::WriteSummary> {
+    var_map_writer(varmap, format)?.write_to(storage, key)
+}
+
+/// A writer of a candle `VarMap`'s tensors, in `format` (see [`tensors_writer`]): what a
+/// checkpoint saves, with any `SaveOptions` of `weightbay-checkpoints` (compressed,
+/// incremental), as `checkpoints.save_with(step, var_map_writer(&varmap, format)?,
+/// SaveOptions::compressed())`.
+///
+/// # Errors
+/// As [`tensors_writer`].
+pub fn var_map_writer(varmap: &candle_nn::VarMap, format: Format) -> weightbay::Result<Writer> {
     let data = varmap
         .data()
         .lock()
@@ -302,22 +315,34 @@ pub fn save_var_map<S: Storage + ?Sized>(
         .map(|(name, var)| (name.clone(), var.as_tensor().clone()))
         .collect();
     drop(data);
-    save_tensors(tensors, format, storage, key)
+    tensors_writer(tensors, format)
 }
 
-/// Saves named candle tensors to `key` of `storage`, in `format`, sorted by name. Each tensor
-/// is a deferred weightbay tensor: copied to the host (from a GPU, say) only when the writer
-/// reaches it, and dropped before the next, so memory holds one tensor beyond the model.
+/// Saves named candle tensors to `key` of `storage`, in `format`, sorted by name (the
+/// writer of [`tensors_writer`]).
 ///
 /// # Errors
-/// [`ErrorKind::Unsupported`] for a dtype weightbay cannot store (the F8 and F4 kinds);
-/// candle's error reading a tensor back; the writer's and storage's errors.
+/// As [`tensors_writer`]; the writer's and storage's errors.
 pub fn save_tensors<S: Storage + ?Sized>(
-    mut tensors: Vec<(String, CandleTensor)>,
+    tensors: Vec<(String, CandleTensor)>,
     format: Format,
     storage: &S,
     key: &str,
 ) -> weightbay::Result<weightbay::WriteSummary> {
+    tensors_writer(tensors, format)?.write_to(storage, key)
+}
+
+/// A writer of named candle tensors, in `format`, sorted by name. Each tensor is a deferred
+/// weightbay tensor: copied to the host (from a GPU, say) only when the writer reaches it,
+/// and dropped before the next, so memory holds one tensor beyond the model.
+///
+/// # Errors
+/// [`ErrorKind::Unsupported`] for a dtype weightbay cannot store (the F8 and F4 kinds);
+/// candle's error reading a tensor back comes when the writer reaches the tensor.
+pub fn tensors_writer(
+    mut tensors: Vec<(String, CandleTensor)>,
+    format: Format,
+) -> weightbay::Result<Writer> {
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let tensors = tensors
         .into_iter()
@@ -334,9 +359,7 @@ pub fn save_tensors<S: Storage + ?Sized>(
             }))
         })
         .collect::<weightbay::Result<Vec<_>>>()?;
-    Writer::new(tensors)
-        .with_format(format)
-        .write_to(storage, key)
+    Ok(Writer::new(tensors).with_format(format))
 }
 
 /// A candle tensor's elements as little-endian bytes, in row-major order, on the host.

@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{Linear, VarBuilder, VarMap};
 use weightbay::Format;
 use weightbay::{PrefetchPlan, Prefetched, Reader, Source, Storage};
-use weightbay_candle::{WeightbayBackend, save_tensors, save_var_map};
+use weightbay_candle::{WeightbayBackend, save_tensors, save_var_map, var_map_writer};
 use weightbay_local::LocalStorage;
 use weightbay_mmap::MmapStorage;
 use weightbay_object_store::ObjectStoreOptions;
@@ -339,11 +339,9 @@ fn a_prefetched_model_from_s3_asks_in_a_few_requests_not_one_per_tensor() {
 fn a_model_builds_from_an_incremental_checkpoint_as_from_a_full_one() {
     use weightbay_checkpoints::{Checkpoints, SaveOptions};
     let (varmap, model) = trained();
-    let scratch = weightbay::MemoryStorage::new();
     let checkpoints = Checkpoints::new(weightbay::MemoryStorage::new(), "run");
     let save = |step| {
-        save_var_map(&varmap, Format::Burnpack, &scratch, "model.bpk").unwrap();
-        let writer = Reader::open_key(&scratch, "model.bpk").unwrap().to_writer();
+        let writer = var_map_writer(&varmap, Format::Burnpack).unwrap();
         checkpoints
             .save_with(step, writer, SaveOptions::incremental())
             .unwrap()
@@ -361,5 +359,28 @@ fn a_model_builds_from_an_incremental_checkpoint_as_from_a_full_one() {
         "the increment refers to {referred} bytes"
     );
     let loaded = through_weightbay(checkpoints.open(2).unwrap().reader().unwrap());
+    assert_eq!(outputs(&loaded), outputs(&model));
+}
+
+/// A model saves as a compressed checkpoint straight from its `VarMap` and builds from it
+/// exactly as saved.
+#[test]
+fn a_model_saved_compressed_builds_as_saved() {
+    use weightbay_checkpoints::{Checkpoints, SaveOptions};
+    let (varmap, model) = trained();
+    let checkpoints = Checkpoints::new(weightbay::MemoryStorage::new(), "run");
+    let writer = var_map_writer(&varmap, Format::Burnpack).unwrap();
+    let record = checkpoints
+        .save_with(1, writer, SaveOptions::compressed())
+        .unwrap();
+    let pieces = record.pieces.as_ref().unwrap();
+    assert!(pieces.list.iter().any(|p| p.encoding.is_some()));
+    let stored: u64 = record.containers.iter().map(|c| c.len).sum();
+    assert!(
+        stored < pieces.len,
+        "stored {stored} of {} bytes",
+        pieces.len
+    );
+    let loaded = through_weightbay(checkpoints.open(1).unwrap().reader().unwrap());
     assert_eq!(outputs(&loaded), outputs(&model));
 }
