@@ -8,7 +8,8 @@ use weightbay::Result;
 use weightbay_checkpoints::{StepState, StepStatus, Tiered};
 
 use crate::escape::escaped;
-use crate::target::{self, checkpoints_at};
+use crate::reach::{locate, report_stalls_always};
+use crate::target::{self, checkpoints_located};
 use crate::tiers;
 
 /// The arguments of `weightbay ls`.
@@ -19,17 +20,28 @@ pub(crate) struct LsArgs {
     /// Path or URL of the durable tier's checkpoint prefix, for tiered checkpoints.
     #[arg(long)]
     pub(crate) durable: Option<String>,
+    /// Also say, on stderr, how many of the listing's requests stall detection cut and
+    /// retried, and how many reads it hedged.
+    #[arg(short, long)]
+    pub(crate) verbose: bool,
 }
 
 /// Runs `weightbay ls`.
 pub(crate) fn run(args: LsArgs) -> Result<ExitCode> {
-    let checkpoints = checkpoints_at(&args.url)?;
+    let location = locate(&args.url)?;
+    let mut watched = vec![location.clone()];
+    let checkpoints = checkpoints_located(location, &args.url)?;
     match args.durable {
         None => print!("{}", ls_table(&checkpoints.list()?)),
         Some(durable) => {
-            let tiered = Tiered::new(checkpoints, checkpoints_at(&durable)?);
+            let located = locate(&durable)?;
+            watched.push(located.clone());
+            let tiered = Tiered::new(checkpoints, checkpoints_located(located, &durable)?);
             print!("{}", tiers::ls_table(&tiered.list()?));
         }
+    }
+    if args.verbose {
+        report_stalls_always(&watched.iter().collect::<Vec<_>>());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -31,21 +31,50 @@ fn retry() -> object_store::RetryConfig {
 /// Says how many requests stall detection cut (and object_store retried), and how many reads
 /// it hedged, in the stores of `locations`, when it did any.
 pub(crate) fn report_stalls(locations: &[&Location]) {
-    let (cut, hedged) = locations
-        .iter()
-        .filter_map(|location| location.stall_watch.as_ref())
-        .map(|watch| watch.counts())
-        .fold((0, 0), |(cut, hedged), counts| {
-            (cut + counts.cut(), hedged + counts.hedged)
-        });
+    let (cut, hedged, _) = stall_counts(locations);
     if cut + hedged > 0 {
         eprintln!(
             "stall detection cut and retried {cut} request{}, and hedged {hedged} read{} \
              (WEIGHTBAY_STALL_DETECTION=off turns it off)",
-            if cut == 1 { "" } else { "s" },
-            if hedged == 1 { "" } else { "s" }
+            plural(cut),
+            plural(hedged)
         );
     }
+}
+
+/// What `-v` prints: the stall counts of `locations`, zeros included, or that none of them
+/// watches for stalls (local files).
+pub(crate) fn report_stalls_always(locations: &[&Location]) {
+    if locations.iter().all(|l| l.stall_watch.is_none()) {
+        eprintln!("stall detection: not used (no object store)");
+        return;
+    }
+    let (cut, hedged, ranged) = stall_counts(locations);
+    eprintln!(
+        "stall detection: {cut} request{} cut and retried; {hedged} of {ranged} ranged read{} \
+         hedged",
+        plural(cut),
+        plural(ranged)
+    );
+}
+
+/// Requests cut, reads hedged and ranged reads sent, over `locations`.
+fn stall_counts(locations: &[&Location]) -> (u64, u64, u64) {
+    locations
+        .iter()
+        .filter_map(|location| location.stall_watch.as_ref())
+        .map(|watch| watch.counts())
+        .fold((0, 0, 0), |(cut, hedged, ranged), counts| {
+            (
+                cut + counts.cut(),
+                hedged + counts.hedged,
+                ranged + counts.ranged_reads,
+            )
+        })
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
 }
 
 /// Resolves a path or URL the user gave.

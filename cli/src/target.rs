@@ -145,7 +145,12 @@ pub(crate) fn utc(ms: u64) -> String {
 
 /// The checkpoints under `url`, which must be able to list.
 pub(crate) fn checkpoints_at(url: &str) -> Result<Checkpoints> {
-    let location = locate(url)?;
+    checkpoints_located(locate(url)?, url)
+}
+
+/// [`checkpoints_at`] the location `url` was resolved to, for a caller that keeps the
+/// location's stall counts.
+pub(crate) fn checkpoints_located(location: Location, url: &str) -> Result<Checkpoints> {
     if !location.storage.capabilities().listing {
         return Err(weightbay::Error::unsupported(format!(
             "{} cannot list, so it holds no checkpoints this command can find",

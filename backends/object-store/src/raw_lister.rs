@@ -1,5 +1,7 @@
 //! What a cloud store lists that `object_store` does not ask, or cannot parse, through
-//! requests authorized with the store's own credentials and sent with its HTTP client:
+//! requests authorized with the store's own credentials and sent through the store's own
+//! connector (so paced by its throttle and watched for stalls), and tried again as the store's
+//! retry policy says:
 //! - the multipart uploads open at a key (S3's ListMultipartUploads), for a journal whose
 //!   writer died after the store created its upload and before the id was recorded (a window
 //!   of one request);
@@ -12,10 +14,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use object_store::client::{HttpClient, HttpConnector, HttpRequestBody, ReqwestConnector};
+use object_store::client::{HttpClient, HttpConnector, HttpRequestBody};
 use object_store::path::Path;
 use object_store::signer::{Method, SignedUrlOptions, Signer};
-use object_store::{ClientOptions, ObjectMeta};
+use object_store::{ClientOptions, ObjectMeta, RetryConfig};
 
 /// How long a presigned listing request stays valid.
 const VALID_FOR: Duration = Duration::from_secs(300);
@@ -30,7 +32,14 @@ const MAX_PAGES: usize = 10_000;
 pub(crate) struct RawLister {
     service: Service,
     client: HttpClient,
+    /// The store's retry policy, which a request that fails in transport (reset, timed out,
+    /// cut as stalled) or with a status a busy store answers (429, 5xx) follows.
+    retry: RetryConfig,
 }
+
+/// How a lister sends its requests: through the store's connector, by the store's retry
+/// policy.
+pub(crate) type Sending<'a> = (&'a dyn HttpConnector, &'a RetryConfig);
 
 /// Where a lister's requests go, and how they are authorized: as the store authorizes its
 /// own.
@@ -66,8 +75,8 @@ pub(crate) struct RawListing {
 impl RawLister {
     /// A lister of the S3 bucket that `signer` (its store) presigns for.
     #[cfg_attr(not(feature = "aws"), allow(dead_code))]
-    pub(crate) fn s3(signer: Arc<dyn Signer>) -> object_store::Result<Self> {
-        Self::new(Service::S3(signer))
+    pub(crate) fn s3(signer: Arc<dyn Signer>, sending: Sending<'_>) -> object_store::Result<Self> {
+        Self::new(Service::S3(signer), sending)
     }
 
     /// A lister of the GCS bucket at `bucket_url` (`{base URL}/{bucket}`), with the store's
@@ -76,11 +85,15 @@ impl RawLister {
     pub(crate) fn gcs(
         bucket_url: String,
         credentials: object_store::gcp::GcpCredentialProvider,
+        sending: Sending<'_>,
     ) -> object_store::Result<Self> {
-        Self::new(Service::Gcs {
-            bucket_url,
-            credentials,
-        })
+        Self::new(
+            Service::Gcs {
+                bucket_url,
+                credentials,
+            },
+            sending,
+        )
     }
 
     /// A lister of the Azure container at `container_url` of `account`, with the store's
@@ -90,20 +103,25 @@ impl RawLister {
         container_url: String,
         account: String,
         credentials: object_store::azure::AzureCredentialProvider,
+        sending: Sending<'_>,
     ) -> object_store::Result<Self> {
-        Self::new(Service::Azure {
-            container_url,
-            account,
-            credentials,
-        })
+        Self::new(
+            Service::Azure {
+                container_url,
+                account,
+                credentials,
+            },
+            sending,
+        )
     }
 
-    fn new(service: Service) -> object_store::Result<Self> {
+    fn new(service: Service, (connector, retry): Sending<'_>) -> object_store::Result<Self> {
         // The URL's scheme decides; an endpoint on this machine may be plain HTTP.
         let options = ClientOptions::new().with_allow_http(true);
         Ok(Self {
             service,
-            client: ReqwestConnector::default().connect(&options)?,
+            client: connector.connect(&options)?,
+            retry: retry.clone(),
         })
     }
 
@@ -204,23 +222,42 @@ impl RawLister {
             store: self.store(),
             source: why.into(),
         };
-        let request = self.request(query).await?;
-        let response = self
-            .client
-            .execute(request)
-            .await
-            .map_err(|e| failed(format!("{what}: {e}")))?;
-        let status = response.status();
-        let body = response
-            .into_body()
-            .bytes()
-            .await
-            .map_err(|e| failed(format!("reading the answer to {what}: {e}")))?;
-        let text = String::from_utf8_lossy(&body).into_owned();
-        if !status.is_success() {
-            return Err(failed(format!("{what}: {status}: {text}")));
+        let started = std::time::Instant::now();
+        let mut backoff = self.retry.backoff.init_backoff;
+        let mut retries = 0;
+        loop {
+            // Signed afresh each try: a presigned URL or a token may have expired meanwhile.
+            let request = self.request(query).await?;
+            let answer = match self.client.execute(request).await {
+                Ok(response) => {
+                    let status = response.status();
+                    match response.into_body().bytes().await {
+                        Ok(body) => Ok((status, String::from_utf8_lossy(&body).into_owned())),
+                        Err(e) => Err(format!("reading the answer to {what}: {e}")),
+                    }
+                }
+                Err(e) => Err(format!("{what}: {e}")),
+            };
+            let busy = |status: http::StatusCode| {
+                status == http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error()
+            };
+            let why = match answer {
+                Ok((status, text)) if status.is_success() => return Ok(text),
+                Ok((status, text)) if !busy(status) => {
+                    return Err(failed(format!("{what}: {status}: {text}")));
+                }
+                Ok((status, text)) => format!("{what}: {status}: {text}"),
+                Err(why) => why,
+            };
+            if retries == self.retry.max_retries || started.elapsed() >= self.retry.retry_timeout {
+                return Err(failed(format!("{why} (after {retries} retries)")));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = backoff
+                .mul_f64(self.retry.backoff.base)
+                .min(self.retry.backoff.max_backoff);
+            retries += 1;
         }
-        Ok(text)
     }
 
     /// The ids of the uploads open at exactly `path` (S3's; see

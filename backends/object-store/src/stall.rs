@@ -13,9 +13,10 @@
 //! - **Waiting for the answer.** A request without a body may wait `factor` times the store's
 //!   recent time to first byte (its 90th percentile over the last 64 answers); one with a body
 //!   (an upload's part) that, plus its length at the store's recent upload rate (the 10th
-//!   percentile); never less than `floor`. Until the store has answered once, nothing is cut
-//!   (the request timeout still is), and a waiting request's allowance is worked out again as
-//!   answers come in, so the first parts of a save are cut soon after their peers finish.
+//!   percentile); never less than `floor`. Until the store has answered once, a request
+//!   without a body may wait 5 floors (10 s by default), one with a body is not cut (the
+//!   request timeout still is); a waiting request's allowance is worked out again as answers
+//!   come in, so the first parts of a save are cut soon after their peers finish.
 //! - **Reading an object's body** (a GET of its bytes, which object_store resumes from the
 //!   last byte received), or the answer to starting a multipart upload (whose loss the sink
 //!   handles). A body that brings no bytes for the waiting allowance of a request
@@ -74,6 +75,11 @@ const SMALL_BODY: usize = 64 << 10;
 const RATE_SAMPLE_MIN: u64 = 1 << 20;
 /// How often a waiting request's allowance is worked out again.
 const TICK: Duration = Duration::from_millis(100);
+/// Before the store has answered anything, a request with no body to send may wait this many
+/// floors (10 s by default): a cold connection's DNS, TLS and first answer take well under
+/// that on any store, and a command line tool's first request (a listing) would otherwise
+/// wait out the whole request timeout when it is held.
+const BEFORE_ANY_ANSWER: u32 = 5;
 
 /// The most recent figures of one kind.
 #[derive(Debug, Default)]
@@ -188,11 +194,15 @@ impl StallWatch {
     }
 
     /// How long a request with a body of `body_len` bytes may wait for its answer, and what
-    /// was expected of it; `None` while detection is off or the store has not answered yet.
+    /// was expected of it; `None` while detection is off, or for a request with a body while
+    /// the store has not answered yet (no upload rate is known).
     fn waiting_allowance(&self, body_len: usize) -> Option<(Duration, Duration)> {
         let settings = self.settings()?;
         let figures = self.figures();
-        let first_byte = figures.first_byte.quantile(0.9)?;
+        let Some(first_byte) = figures.first_byte.quantile(0.9) else {
+            return (body_len < SMALL_BODY)
+                .then(|| (settings.floor * BEFORE_ANY_ANSWER, settings.floor));
+        };
         let sending = if body_len < SMALL_BODY {
             0.0
         } else {
@@ -494,7 +504,16 @@ mod tests {
     #[test]
     fn a_waiting_request_gets_factor_times_what_is_expected_and_at_least_the_floor() {
         let watch = watch(1000);
-        assert_eq!(watch.waiting_allowance(0), None, "nothing answered yet");
+        assert_eq!(
+            watch.waiting_allowance(0),
+            Some((Duration::from_secs(5), Duration::from_secs(1))),
+            "nothing answered yet: five floors"
+        );
+        assert_eq!(
+            watch.waiting_allowance(8 << 20),
+            None,
+            "nothing answered yet: a body's sending time is unknown"
+        );
         watch.observe_answer(Duration::from_millis(100), 0, false);
         let (allowed, expected) = watch.waiting_allowance(0).expect("a first byte seen");
         assert_eq!(expected, Duration::from_millis(100));

@@ -119,7 +119,9 @@ where
         #[cfg(feature = "aws")]
         ObjectStoreScheme::AmazonS3 => {
             use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-            let mut builder = AmazonS3Builder::from_env().with_url(url).with_retry(retry);
+            let mut builder = AmazonS3Builder::from_env()
+                .with_url(url)
+                .with_retry(retry.clone());
             for (key, value) in options {
                 let key: AmazonS3ConfigKey =
                     key.parse().map_err(|e| configure("bad S3 option", e))?;
@@ -131,7 +133,7 @@ where
             let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
             let shared = Throttle::shared(&store_name(&parsed, endpoint.as_deref()));
             builder = builder.with_http_connector(http_connector(&shared, &stalls));
-            throttle = Some(shared);
+            throttle = Some(Arc::clone(&shared));
             if builder
                 .get_config_value(&AmazonS3ConfigKey::CopyIfNotExists)
                 .is_none()
@@ -148,7 +150,8 @@ where
                     .map_err(|e| configure("configuring S3", e))?,
             );
             raw_lister = Some(Arc::new(
-                RawLister::s3(store.clone()).map_err(|e| configure("configuring S3", e))?,
+                RawLister::s3(store.clone(), (&http_connector(&shared, &stalls), &retry))
+                    .map_err(|e| configure("configuring S3", e))?,
             ));
             (store.clone(), Some(store))
         }
@@ -157,7 +160,7 @@ where
             use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
             let mut builder = GoogleCloudStorageBuilder::from_env()
                 .with_url(url)
-                .with_retry(retry);
+                .with_retry(retry.clone());
             for (key, value) in options {
                 let key: GoogleConfigKey =
                     key.parse().map_err(|e| configure("bad GCS option", e))?;
@@ -166,7 +169,7 @@ where
             let endpoint = builder.get_config_value(&GoogleConfigKey::BaseUrl);
             let shared = Throttle::shared(&store_name(&parsed, endpoint.as_deref()));
             builder = builder.with_http_connector(http_connector(&shared, &stalls));
-            throttle = Some(shared);
+            throttle = Some(Arc::clone(&shared));
             local = endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             let store = Arc::new(
                 builder
@@ -176,8 +179,12 @@ where
             );
             if let Some(bucket_url) = crate::listing_urls::gcs_bucket_url(&builder, &store) {
                 raw_lister = Some(Arc::new(
-                    RawLister::gcs(bucket_url, Arc::clone(store.credentials()))
-                        .map_err(|e| configure("configuring GCS", e))?,
+                    RawLister::gcs(
+                        bucket_url,
+                        Arc::clone(store.credentials()),
+                        (&http_connector(&shared, &stalls), &retry),
+                    )
+                    .map_err(|e| configure("configuring GCS", e))?,
                 ));
             }
             (store.clone(), Some(store))
@@ -187,7 +194,7 @@ where
             use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
             let mut builder = MicrosoftAzureBuilder::from_env()
                 .with_url(url)
-                .with_retry(retry);
+                .with_retry(retry.clone());
             for (key, value) in options {
                 let key: AzureConfigKey =
                     key.parse().map_err(|e| configure("bad Azure option", e))?;
@@ -200,7 +207,7 @@ where
             let name = endpoint.as_deref().or(emulator.then_some("emulator"));
             let shared = Throttle::shared(&store_name(&parsed, name));
             builder = builder.with_http_connector(http_connector(&shared, &stalls));
-            throttle = Some(shared);
+            throttle = Some(Arc::clone(&shared));
             local = emulator || endpoint.is_some_and(|endpoint| is_loopback(&endpoint));
             let store = Arc::new(
                 builder
@@ -211,8 +218,13 @@ where
             if let Some((url, account)) = crate::listing_urls::azure_container_url(&builder, &store)
             {
                 raw_lister = Some(Arc::new(
-                    RawLister::azure(url, account, Arc::clone(store.credentials()))
-                        .map_err(|e| configure("configuring Azure", e))?,
+                    RawLister::azure(
+                        url,
+                        account,
+                        Arc::clone(store.credentials()),
+                        (&http_connector(&shared, &stalls), &retry),
+                    )
+                    .map_err(|e| configure("configuring Azure", e))?,
                 ));
             }
             (store.clone(), Some(store))
