@@ -15,7 +15,7 @@ use weightbay_object_store::ObjectStoreOptions;
 use super::codec::weights;
 use super::remote::{CONNECTION_BYTES_PER_SECOND, CONNECTIONS, throttled_storage};
 use crate::context::Bench;
-use crate::harness::{Start, paired, timed};
+use crate::harness::{Start, cpu_time, paired, timed};
 use crate::report::Row;
 
 /// Each tensor's bytes.
@@ -143,19 +143,37 @@ pub(crate) fn compressed_cases(b: &mut Bench<'_>) -> Result<()> {
         "    stored: {stored} bytes compressed, {bytes} raw ({:.4}x smaller)",
         bytes as f64 / stored as f64
     );
-    let load = |checkpoints: &Checkpoints| -> Result<Duration> {
-        timed(|| {
+    // Each run's process CPU time beside its wall time: this process holds the store, the
+    // cap's copies and the load, so CPU seconds near the cores times the wall time say the
+    // machine, not the link, is the limit.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cpu = std::cell::RefCell::new((Vec::new(), Vec::new()));
+    let load = |checkpoints: &Checkpoints, compressed: bool| -> Result<Duration> {
+        let before = cpu_time();
+        let wall = timed(|| {
             let reader = checkpoints.open(1)?.reader()?;
             drop(reader.load_all()?);
             Ok(())
-        })
+        })?;
+        let used = (cpu_time() - before).as_secs_f64();
+        let busy = format!("{used:.2} s CPU / {:.2} s wall", wall.as_secs_f64());
+        let mut cpu = cpu.borrow_mut();
+        if compressed { &mut cpu.0 } else { &mut cpu.1 }.push(busy);
+        Ok(wall)
     };
     let (compressed, plain) = paired(
         runs,
         Start::Cached,
-        || load(&compressed_store),
-        || load(&plain_store),
+        || load(&compressed_store, true),
+        || load(&plain_store, false),
     )?;
+    let (compressed_cpu, plain_cpu) = cpu.into_inner();
+    println!(
+        "    each load's process CPU (the machine offers {cores} cores x wall): compressed \
+         {}; uncompressed {}",
+        compressed_cpu.join(", "),
+        plain_cpu.join(", ")
+    );
     b.table.push(Row {
         case: COMPRESSED_COLD_LOAD.to_owned(),
         ours: compressed,
