@@ -25,7 +25,10 @@ impl Checkpoints {
     /// same commit record is written last with create-new. An incremental checkpoint arrives
     /// self-contained: its container is written whole (read from every checkpoint it refers
     /// to), keeping its pieces' hashes, so the copy starts a chain of its own here. A copy
-    /// that fails or finds a container changed removes what it wrote and commits nothing.
+    /// that fails or finds a container changed commits nothing and removes what it wrote,
+    /// unless the failure was the commit record's own write, which may have landed all the
+    /// same (an answer lost): then what it wrote stays for [`gc`](Self::gc), which removes it
+    /// if no record names it (before, it was removed, and such a record named nothing).
     ///
     /// # Errors
     /// [`ErrorKind::AlreadyExists`] when the step is committed here already;
@@ -82,16 +85,41 @@ impl Checkpoints {
             heads,
             durability,
         );
-        let committed = copied.and_then(|containers| {
+        let ready = copied.and_then(|containers| {
             record.containers = containers;
-            self.check_lease(Some(announced))?;
-            self.confirm_written(dir, &record.containers)?;
-            encode(&record)
-                .and_then(|body| self.storage.write_new(&record_key, &body, durability))
-                .inspect_err(|_| self.remove_containers(dir, &record.containers))
+            let ready = self
+                .check_lease(Some(announced))
+                .and_then(|()| self.confirm_written(dir, &record.containers))
+                .and_then(|()| encode(&record));
+            ready.inspect_err(|_| self.remove_containers(dir, &record.containers))
+        });
+        let committed = ready.and_then(|body| {
+            self.commit_record(&record_key, &body, durability, || {
+                self.remove_containers(dir, &record.containers);
+            })
         });
         self.withdraw(step, &format!("{dir}/{save}"));
         committed.map(|()| record)
+    }
+
+    /// Writes a copy's commit record `body` at `record_key` with create-new. When another
+    /// record stands there, `remove` removes what the copy wrote; after any other failure the
+    /// record may have been written all the same (a request whose answer was lost), naming
+    /// those containers, so they stay and gc removes them if no record names them.
+    pub(crate) fn commit_record(
+        &self,
+        record_key: &str,
+        body: &[u8],
+        durability: Durability,
+        remove: impl FnOnce(),
+    ) -> Result<()> {
+        self.storage
+            .write_new(record_key, body, durability)
+            .inspect_err(|e| {
+                if e.kind() == ErrorKind::AlreadyExists {
+                    remove();
+                }
+            })
     }
 }
 
@@ -145,15 +173,16 @@ impl Checkpoints {
             ..pieces.clone()
         });
         let record_key = layout::record_key(dir);
-        let committed = copied
-            .and_then(|()| encode(&record))
-            .and_then(|body| self.storage.write_new(&record_key, &body, durability));
+        let remove = || drop(self.storage.delete(&key));
+        let committed = match copied.and_then(|()| encode(&record)) {
+            Ok(body) => self.commit_record(&record_key, &body, durability, remove),
+            Err(e) => {
+                remove();
+                Err(e)
+            }
+        };
         self.withdraw(step, &format!("{dir}/{save}"));
-        if let Err(e) = committed {
-            let _ = self.storage.delete(&key);
-            return Err(e);
-        }
-        Ok(record)
+        committed.map(|()| record)
     }
 }
 

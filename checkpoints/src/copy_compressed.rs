@@ -8,8 +8,7 @@ use std::sync::Arc;
 use weightbay::backend_kit::{copy_to_sink, unique_token};
 use weightbay::codec::Elements;
 use weightbay::{
-    CreateOptions, Durability, Error, ErrorKind, Reader, Result, Source, Storage, StorageExt,
-    WriteMode,
+    CreateOptions, Durability, Error, ErrorKind, Reader, Result, Source, Storage, WriteMode,
 };
 
 use crate::checkpoint::Checkpoint;
@@ -32,7 +31,9 @@ impl Checkpoints {
     /// record before the commit record is written, so the copy's record has the same
     /// container name, length and CRC32C as the source's (and a [`Tiered`](crate::Tiered)
     /// value counts one as the other's promotion). A copy that fails or finds the bytes
-    /// changed removes what it wrote and commits nothing.
+    /// changed commits nothing and removes what it wrote, unless the failure was the commit
+    /// record's own write, which may have landed all the same (an answer lost): then what it
+    /// wrote stays for [`gc`](Self::gc), which removes it if no record names it.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a checkpoint of several containers (a sharded set or
@@ -82,12 +83,21 @@ impl Checkpoints {
                 };
                 record.containers = containers;
                 record.pieces = Some(pieces);
-                encode(&record)
-                    .and_then(|body| self.storage.write_new(&record_key, &body, durability))
-                    .map(|()| record)
+                Ok((encode(&record)?, record))
             });
-        self.withdraw(step, &format!("{dir}/{save}"));
-        written.inspect_err(|_| recording.remove_all())
+        let save_dir = format!("{dir}/{save}");
+        let (body, record) = match written {
+            Ok(ready) => ready,
+            Err(e) => {
+                recording.remove_all();
+                self.withdraw(step, &save_dir);
+                return Err(e);
+            }
+        };
+        let committed =
+            self.commit_record(&record_key, &body, durability, || recording.remove_all());
+        self.withdraw(step, &save_dir);
+        committed.map(|()| record)
     }
 
     /// Streams `source`, the container `whole` records (`from` names it), through a

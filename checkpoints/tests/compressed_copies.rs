@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use weightbay::{
-    CreateOptions, DType, Durability, ErrorKind, MemoryStorage, Storage, Tensor, WriteMode, Writer,
+    CreateOptions, DType, Durability, Error, ErrorKind, MemoryStorage, Sink, Storage, Tensor,
+    WriteMode, Writer, forward_sink, forward_storage,
 };
 mod common;
 
@@ -166,4 +167,69 @@ fn compressed_promotions_keep_the_fast_tier_raw_and_the_durable_one_small() {
     let latest = tiered.latest().unwrap().unwrap();
     assert_eq!(latest.step(), 2);
     assert_eq!(contents(tiered.durable(), 2), expected(&tensors));
+}
+
+/// A storage whose commit records land and then report their answer lost, as a request whose
+/// answer a reset connection took would.
+#[derive(Debug)]
+struct AnswerLost {
+    inner: Arc<dyn Storage>,
+}
+
+#[deny(clippy::missing_trait_methods)]
+impl Storage for AnswerLost {
+    fn create(&self, key: &str, options: &CreateOptions) -> weightbay::Result<Box<dyn Sink>> {
+        let sink = self.inner.create(key, options)?;
+        if key.ends_with("commit.json") {
+            return Ok(Box::new(LostAnswer { inner: sink }));
+        }
+        Ok(sink)
+    }
+    forward_storage!(inner => capabilities, open, delete, pending, clean_pending, list, list_foreign);
+}
+
+/// A sink that commits, then says it failed.
+struct LostAnswer {
+    inner: Box<dyn Sink>,
+}
+
+#[deny(clippy::missing_trait_methods)]
+impl Sink for LostAnswer {
+    fn commit(self: Box<Self>) -> weightbay::Result<()> {
+        self.inner.commit()?;
+        Err(Error::new(ErrorKind::Io, "the answer was lost"))
+    }
+    forward_sink!(inner => write, pad, read_back, positioned);
+}
+
+/// A copy whose commit record may have landed although its write failed keeps what the
+/// record would name: the step then reads whole, where removing its containers left a record
+/// naming nothing.
+#[test]
+fn a_copy_whose_record_answer_is_lost_keeps_its_containers() {
+    let tensors = model(5, 50_000);
+    let source = Checkpoints::over(Arc::new(MemoryStorage::new()), "run");
+    source.save(1, Writer::new(tensors.clone())).unwrap();
+    for compressed in [false, true] {
+        let target: Arc<dyn Storage> = Arc::new(MemoryStorage::new());
+        let lossy = Arc::new(AnswerLost {
+            inner: Arc::clone(&target),
+        });
+        let copies = Checkpoints::over(lossy, "copies");
+        let from = source.open(1).unwrap();
+        let err = if compressed {
+            copies.copy_compressed_from(&from, Durability::Flushed)
+        } else {
+            copies.copy_from(&from, Durability::Flushed)
+        }
+        .unwrap_err();
+        assert!(err.to_string().contains("the answer was lost"), "{err}");
+        let landed = Checkpoints::over(target, "copies");
+        assert_eq!(
+            contents(&landed, 1),
+            expected(&tensors),
+            "compressed: {compressed}"
+        );
+        landed.open(1).unwrap().verify().unwrap();
+    }
 }

@@ -67,7 +67,7 @@ pub struct ObjectStoreOptions {
 #[non_exhaustive]
 pub struct StallDetection {
     /// No request is cut sooner than this, and a body's rate is judged over this much waiting.
-    /// Default 1 s.
+    /// Default 2 s.
     pub floor: Duration,
     /// A request may take this many times what the store's recent answers lead to expect.
     /// Default 4.
@@ -87,7 +87,7 @@ pub struct StallDetection {
 impl StallDetection {
     /// The defaults each field documents.
     pub const DEFAULT: Self = Self {
-        floor: Duration::from_secs(1),
+        floor: Duration::from_secs(2),
         factor: 4,
         min_body_rate: 256 * 1024,
         hedged_reads_percent: 5,

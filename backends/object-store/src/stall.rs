@@ -14,7 +14,7 @@
 //!   recent time to first byte (its 90th percentile over the last 64 answers); one with a body
 //!   (an upload's part) that, plus its length at the store's recent upload rate (the 10th
 //!   percentile); never less than `floor`. Until the store has answered once, a request
-//!   without a body may wait 10 floors (10 s by default), one with a body is not cut (the
+//!   without a body may wait 5 floors (10 s by default), one with a body is not cut (the
 //!   request timeout still is); a waiting request's allowance is worked out again as answers
 //!   come in, so the first parts of a save are cut soon after their peers finish.
 //! - **Reading an object's body** (a GET of its bytes, which object_store resumes from the
@@ -79,7 +79,7 @@ const TICK: Duration = Duration::from_millis(100);
 /// floors (10 s by default): a cold connection's DNS, TLS and first answer take well under
 /// that on any store, and a command line tool's first request (a listing) would otherwise
 /// wait out the whole request timeout when it is held.
-const BEFORE_ANY_ANSWER: u32 = 10;
+const BEFORE_ANY_ANSWER: u32 = 5;
 
 /// The most recent figures of one kind.
 #[derive(Debug, Default)]
@@ -506,8 +506,8 @@ mod tests {
         let watch = watch(1000);
         assert_eq!(
             watch.waiting_allowance(0),
-            Some((Duration::from_secs(10), Duration::from_secs(1))),
-            "nothing answered yet: ten floors"
+            Some((Duration::from_secs(5), Duration::from_secs(1))),
+            "nothing answered yet: five floors"
         );
         assert_eq!(
             watch.waiting_allowance(8 << 20),

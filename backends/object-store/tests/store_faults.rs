@@ -339,7 +339,7 @@ fn stalled_answers_are_cut_and_retried_and_every_byte_comes_through() {
             else {
                 return;
             };
-            // A lower floor than the default's 1 s, so the test spends less time on each cut.
+            // A lower floor than the default's 2 s, so the test spends less time on each cut.
             let quick = StallDetection::DEFAULT.with_floor(Duration::from_millis(500));
             let options = storage.options().with_stall_detection(Some(quick));
             let storage = storage.with_options(options);
@@ -665,7 +665,7 @@ fn a_completion_whose_answer_is_lost_still_saves() {
 #[test]
 fn a_completion_that_takes_long_is_waited_for_not_cut() {
     // The store answers a completion 4 s after it is sent (it joins the parts first), past
-    // the 1 s floor the parts' quick answers set every other request's allowance to. A cut
+    // the 2 s floor the parts' quick answers set every other request's allowance to. A cut
     // completion can lose the save (s3s-fs forgets the upload, stops joining when the
     // connection closes and refuses the retry), so it waits for the request timeout.
     let faults = r#"{"slow": {"match": "?uploadId=", "times": -1, "seconds": 4}}"#;
