@@ -38,6 +38,14 @@ pub(crate) struct Args {
     /// Internal: measure the peak RSS of one save in a fresh process.
     #[arg(long, hide = true)]
     pub(crate) rss_case: Option<String>,
+    /// Internal, for `python/bench/load_vs_safetensors.py`: time `--runs` loads of this
+    /// container file from Rust, as `weightbay.load` makes them, one line of seconds each.
+    #[arg(long, hide = true)]
+    pub(crate) load_file: Option<PathBuf>,
+    /// With `--load-file`: map the file, as `weightbay.load` does by default (else each
+    /// tensor lands in memory of its own, as with `mmap=False`).
+    #[arg(long, hide = true, requires = "load_file")]
+    pub(crate) mapped: bool,
 }
 
 impl Args {

@@ -89,6 +89,9 @@ fn run(args: &Args) -> Result<()> {
     if let Some(case) = &args.rss_case {
         return cases::rss_probe::run(case, args.size_mib, &dir);
     }
+    if let Some(path) = &args.load_file {
+        return cases::python_pair::run(path, args.mapped, args.runs.max(1));
+    }
     let runs = args.runs.max(1);
     let mut bench = Bench {
         args,

@@ -14,6 +14,7 @@ pub(crate) mod incremental;
 pub(crate) mod lifecycle;
 pub(crate) mod load;
 pub(crate) mod object_store;
+pub(crate) mod python_pair;
 pub(crate) mod ranks;
 pub(crate) mod remote;
 pub(crate) mod rss_probe;
