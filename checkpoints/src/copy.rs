@@ -55,14 +55,7 @@ impl Checkpoints {
         durability: Durability,
     ) -> Result<CommitRecord> {
         let dir = &self.step_dir(checkpoint.step());
-        let record_key = layout::record_key(dir);
-        if self.storage.open(&record_key).is_ok() {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("step {} is committed already", checkpoint.step()),
-            )
-            .with_key(&record_key));
-        }
+        let record_key = self.uncommitted_record_key(checkpoint.step())?;
         // Into a save directory of this copy's own, like any save, so a racing copy or save
         // of the step never writes over these containers.
         let moved = |key: &str| layout::moved_into(save, key);
@@ -100,6 +93,22 @@ impl Checkpoints {
         });
         self.withdraw(step, &format!("{dir}/{save}"));
         committed.map(|()| record)
+    }
+
+    /// The key of `step`'s commit record here, which a copy is to write.
+    ///
+    /// # Errors
+    /// [`ErrorKind::AlreadyExists`] when a record stands there already.
+    pub(crate) fn uncommitted_record_key(&self, step: u64) -> Result<String> {
+        let record_key = layout::record_key(&self.step_dir(step));
+        if self.storage.open(&record_key).is_ok() {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("step {step} is committed already"),
+            )
+            .with_key(&record_key));
+        }
+        Ok(record_key)
     }
 
     /// Writes a copy's commit record `body` at `record_key` with create-new. When another

@@ -48,14 +48,7 @@ impl Checkpoints {
         let step = checkpoint.step();
         let _in_flight = self.saves.begin((step, self.step_dir(step)))?;
         let dir = self.step_dir(step);
-        let record_key = layout::record_key(&dir);
-        if self.storage.open(&record_key).is_ok() {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("step {step} is committed already"),
-            )
-            .with_key(&record_key));
-        }
+        let record_key = self.uncommitted_record_key(step)?;
         let (source, whole, from) = container_of(checkpoint)?;
         let save = unique_token();
         let announced = self.announce(step, &save, Vec::new())?;

@@ -11,7 +11,7 @@ use weightbay::Writer;
 use weightbay::backend_kit::FileSystem;
 use weightbay_checkpoints::Checkpoints;
 
-use crate::cases::crash::{KillLayer, reopen_with_plan};
+use crate::cases::crash::{KillLayer, killed_child, reopen_with_plan};
 use crate::cases::incremental::{PREFIX, check_all, compressed, model};
 use crate::outcome::{NO_FILE_SYSTEM, Outcome, fail};
 use crate::{FaultPlan, Harness, SimulatedDisk};
@@ -105,11 +105,7 @@ pub fn compressed_saves_survive_kills<H: Harness>(harness: &H, case: &str) -> Ou
         else {
             fail!(case, "bad child spec {spec}")
         };
-        let layer = if layer == "inner" {
-            KillLayer::Inner
-        } else {
-            KillLayer::Storage
-        };
+        let layer = KillLayer::named(layer);
         let kill_at: u64 = kill_at
             .parse()
             .unwrap_or_else(|_| fail!(case, "bad crash point {kill_at}"));
@@ -125,14 +121,7 @@ pub fn compressed_saves_survive_kills<H: Harness>(harness: &H, case: &str) -> Ou
     let Some(locator) = harness.locator(&fresh) else {
         return Outcome::NotApplicable("the storage does not outlive its process".into());
     };
-    let layer = if harness
-        .reopen_at_with_faults(&locator, FaultPlan::counting())
-        .is_some()
-    {
-        KillLayer::Inner
-    } else {
-        KillLayer::Storage
-    };
+    let layer = KillLayer::of(harness, &locator);
     // A fresh storage holding steps 1 and 2, and where to reopen it.
     let setup = || {
         let storage = harness.fresh();
@@ -147,26 +136,12 @@ pub fn compressed_saves_survive_kills<H: Harness>(harness: &H, case: &str) -> Ou
         .unwrap_or_else(|| fail!(case, "cannot reopen {locator}"));
     save_third(Arc::from(counting)).unwrap_or_else(|e| fail!(case, "the save: {e}"));
     let total = plan.operations();
-    let exe = std::env::current_exe().unwrap_or_else(|e| fail!(case, "current_exe: {e}"));
     for n in 1..=total {
         let locator = setup();
-        let at = if layer == KillLayer::Inner {
-            "inner"
-        } else {
-            "storage"
-        };
-        let status = std::process::Command::new(&exe)
-            .args([case, "--exact", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, format!("{at}:{n}:{locator}"))
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap_or_else(|e| fail!(case, "spawning the child: {e}"));
-        let context = format!(
-            "compressed save killed after {layer:?} operation {n} of {total} (child status {status})"
-        );
-        if status.success() {
-            fail!(case, "{context}: the child was not killed");
-        }
+        let spec = format!("{}:{n}:{locator}", layer.name());
+        let killed = format!("compressed save killed after {layer:?} operation {n} of {total}");
+        let status = killed_child(case, CHILD_ENV, &spec, &killed);
+        let context = format!("{killed} (child status {status})");
         let reopened = harness
             .reopen_at(&locator)
             .unwrap_or_else(|| fail!(case, "cannot reopen {locator}"));

@@ -2,6 +2,7 @@
 //! durable bytes apart, and a writer process killed at each step. Afterwards the key holds
 //! the old or the new container, never a mix, and what the dead writer left is cleaned.
 
+use std::process::ExitStatus;
 use std::sync::Arc;
 
 use weightbay::backend_kit::FileSystem;
@@ -129,6 +130,56 @@ pub(crate) enum KillLayer {
     Storage,
 }
 
+impl KillLayer {
+    /// The deepest layer `harness` can kill in at `locator`.
+    pub(crate) fn of<H: Harness>(harness: &H, locator: &str) -> Self {
+        if harness
+            .reopen_at_with_faults(locator, FaultPlan::counting())
+            .is_some()
+        {
+            Self::Inner
+        } else {
+            Self::Storage
+        }
+    }
+
+    /// Its name in a child's spec.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Inner => "inner",
+            Self::Storage => "storage",
+        }
+    }
+
+    /// The layer a child's spec names.
+    pub(crate) fn named(name: &str) -> Self {
+        if name == "inner" {
+            Self::Inner
+        } else {
+            Self::Storage
+        }
+    }
+}
+
+/// Runs the test `case` again as a child process with `spec` in the variable `env` (what to do
+/// and where to die), and fails `case` unless the child was killed; returns how it ended.
+pub(crate) fn killed_child(case: &str, env: &str, spec: &str, context: &str) -> ExitStatus {
+    let exe = std::env::current_exe().unwrap_or_else(|e| fail!(case, "current_exe: {e}"));
+    let status = std::process::Command::new(&exe)
+        .args([case, "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, spec)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| fail!(case, "spawning the child: {e}"));
+    if status.success() {
+        fail!(
+            case,
+            "{context} (child status {status}): the child was not killed"
+        );
+    }
+    status
+}
+
 /// Reopens `locator` in this process with `plan` applied at `layer`.
 pub(crate) fn reopen_with_plan<H: Harness>(
     harness: &H,
@@ -172,11 +223,7 @@ pub fn process_crash_at_every_step<H: Harness>(harness: &H, case: &str) -> Outco
         else {
             fail!(case, "bad child spec {spec}")
         };
-        let layer = if layer == "inner" {
-            KillLayer::Inner
-        } else {
-            KillLayer::Storage
-        };
+        let layer = KillLayer::named(layer);
         let mode = if mode == "create-new" {
             WriteMode::CreateNew
         } else {
@@ -193,19 +240,11 @@ pub fn process_crash_at_every_step<H: Harness>(harness: &H, case: &str) -> Outco
     let Some(locator) = harness.locator(&harness.fresh()) else {
         return Outcome::NotApplicable("the storage does not outlive its process".into());
     };
-    let layer = if harness
-        .reopen_at_with_faults(&locator, FaultPlan::counting())
-        .is_some()
-    {
-        KillLayer::Inner
-    } else {
-        KillLayer::Storage
-    };
+    let layer = KillLayer::of(harness, &locator);
     let mut modes = vec![WriteMode::Overwrite];
     if harness.fresh().capabilities().atomic_create_new {
         modes.push(WriteMode::CreateNew);
     }
-    let exe = std::env::current_exe().unwrap_or_else(|e| fail!(case, "current_exe: {e}"));
     for mode in modes {
         // A fresh storage holding the old container, and where to reopen it.
         let setup = || {
@@ -225,33 +264,16 @@ pub fn process_crash_at_every_step<H: Harness>(harness: &H, case: &str) -> Outco
         let total = plan.operations();
         for n in 1..=total {
             let locator = setup();
-            let status = std::process::Command::new(&exe)
-                .args([case, "--exact", "--nocapture", "--test-threads=1"])
-                .env(
-                    CHILD_ENV,
-                    format!(
-                        "{}:{}:{n}:{locator}",
-                        if layer == KillLayer::Inner {
-                            "inner"
-                        } else {
-                            "storage"
-                        },
-                        if mode == WriteMode::CreateNew {
-                            "create-new"
-                        } else {
-                            "overwrite"
-                        }
-                    ),
-                )
-                .stdout(std::process::Stdio::null())
-                .status()
-                .unwrap_or_else(|e| fail!(case, "spawning the child: {e}"));
-            let context = format!(
-                "{mode:?}: writer killed after {layer:?} operation {n} of {total} (child status {status})"
-            );
-            if status.success() {
-                fail!(case, "{context}: the child was not killed");
-            }
+            let written = if mode == WriteMode::CreateNew {
+                "create-new"
+            } else {
+                "overwrite"
+            };
+            let spec = format!("{}:{written}:{n}:{locator}", layer.name());
+            let killed =
+                format!("{mode:?}: writer killed after {layer:?} operation {n} of {total}");
+            let status = killed_child(case, CHILD_ENV, &spec, &killed);
+            let context = format!("{killed} (child status {status})");
             let reopened = harness
                 .reopen_at(&locator)
                 .unwrap_or_else(|| fail!(case, "cannot reopen {locator}"));
