@@ -97,8 +97,11 @@ pub(crate) const COMPRESSED_LANDED_LOAD: &str =
     "compressed cold load through the capped store, landed in fresh memory";
 
 /// Every name [`compressed_cases`] answers to (`--only`).
-pub(crate) const COMPRESSED_CASES_NAMES: &[&str] =
-    &[COMPRESSED_SAVE, COMPRESSED_COLD_LOAD, COMPRESSED_LANDED_LOAD];
+pub(crate) const COMPRESSED_CASES_NAMES: &[&str] = &[
+    COMPRESSED_SAVE,
+    COMPRESSED_COLD_LOAD,
+    COMPRESSED_LANDED_LOAD,
+];
 
 pub(crate) fn compressed_cases(b: &mut Bench<'_>) -> Result<()> {
     let len = ((b.args.size_mib as usize) << 20) / TENSOR_LEN * TENSOR_LEN;
