@@ -215,12 +215,7 @@ impl Checkpoint {
                 bytes += piece.stored_len();
             }
         }
-        if let Some(pieces) = self
-            .record
-            .pieces
-            .as_ref()
-            .filter(|p| p.list.iter().any(|piece| piece.encoding.is_some()))
-        {
+        if let Some(pieces) = self.record.pieces.as_ref().filter(|p| p.is_encoded()) {
             // Every encoded piece decoded: the container they make up has its recorded CRC32C.
             let spliced = Spliced::open(self.storage.as_ref(), &self.prefix, pieces)?;
             let crc = read_in_order(&spliced, 0..pieces.len, |_| Ok(()))

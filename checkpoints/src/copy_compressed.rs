@@ -69,7 +69,7 @@ impl Checkpoints {
                     .collect();
                 self.confirm_written(&dir, &containers)?;
                 let mut record = checkpoint.record.clone();
-                record.weightbay_checkpoint = if pieces.list.iter().any(|p| p.encoding.is_some()) {
+                record.weightbay_checkpoint = if pieces.is_encoded() {
                     ENCODED_RECORD_VERSION
                 } else {
                     PIECES_RECORD_VERSION
@@ -164,21 +164,17 @@ fn container_of(checkpoint: &Checkpoint) -> Result<(Arc<dyn Source>, ContainerRe
         let from = format!("{}/{}", checkpoint.dir(), pieces.name);
         return Ok((Arc::new(source), whole, from));
     }
-    match (
-        &checkpoint.record.index,
-        checkpoint.record.containers.as_slice(),
-    ) {
-        (None, [only]) if checkpoint.record.world_size.is_none() => {
-            let from = checkpoint.key(&only.key);
-            let source = checkpoint
-                .storage
-                .open(&from)
-                .map_err(|e| e.with_key(&from))?;
-            Ok((source, only.clone(), from))
-        }
-        _ => Err(Error::invalid(
+    let record = &checkpoint.record;
+    let (true, [only]) = (record.is_one_container(), record.containers.as_slice()) else {
+        return Err(Error::invalid(
             "this checkpoint has several containers (shards or ranks): a compressed copy \
              stores one; copy it with Checkpoints::copy_from",
-        )),
-    }
+        ));
+    };
+    let from = checkpoint.key(&only.key);
+    let source = checkpoint
+        .storage
+        .open(&from)
+        .map_err(|e| e.with_key(&from))?;
+    Ok((source, only.clone(), from))
 }

@@ -369,10 +369,7 @@ impl Tiers {
         streamed: Option<(&str, Heads)>,
     ) -> Result<CommitRecord> {
         let step = checkpoint.step();
-        let record = checkpoint.record();
-        let one_container =
-            record.pieces.is_some() || (record.index.is_none() && record.world_size.is_none());
-        let compress = self.promoter.lock().compress && one_container;
+        let compress = self.promoter.lock().compress && checkpoint.record().is_one_container();
         let copied = match streamed {
             Some((save, heads)) => {
                 self.durable

@@ -71,6 +71,19 @@ pub struct CommitRecord {
 }
 
 impl CommitRecord {
+    /// Whether the checkpoint reads as one container: an incremental or compressed save's
+    /// pieces, or the one container of a save by one process; not a sharded set, nor the
+    /// parts of several ranks.
+    pub fn is_one_container(&self) -> bool {
+        self.pieces.is_some()
+            || (self.index.is_none() && self.world_size.is_none() && self.containers.len() == 1)
+    }
+
+    /// Whether any of its pieces is stored encoded (a compressed save or copy).
+    pub fn is_encoded(&self) -> bool {
+        self.pieces.as_ref().is_some_and(Pieces::is_encoded)
+    }
+
     /// The keys, relative to the run's prefix, of the stored containers of other steps this
     /// checkpoint refers to, each with the bytes it refers to there.
     pub fn references(&self) -> BTreeMap<String, u64> {
@@ -156,6 +169,13 @@ pub struct PieceRecord {
     /// How its stored bytes encode it (record version 3); none when they are its bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<Encoding>,
+}
+
+impl Pieces {
+    /// Whether any piece is stored encoded.
+    pub fn is_encoded(&self) -> bool {
+        self.list.iter().any(|piece| piece.encoding.is_some())
+    }
 }
 
 impl PieceRecord {

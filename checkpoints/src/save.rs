@@ -283,9 +283,7 @@ impl Checkpoints {
         let relative = |key: &str| key.strip_prefix(&format!("{step_dir}/")).map(str::to_owned);
         let record = CommitRecord {
             weightbay_checkpoint: match &pieces {
-                Some(pieces) if pieces.list.iter().any(|p| p.encoding.is_some()) => {
-                    ENCODED_RECORD_VERSION
-                }
+                Some(pieces) if pieces.is_encoded() => ENCODED_RECORD_VERSION,
                 Some(_) => PIECES_RECORD_VERSION,
                 None => RECORD_VERSION,
             },

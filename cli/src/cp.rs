@@ -216,15 +216,10 @@ fn copy_checkpoints(
             Arc::clone(&counting) as Arc<dyn weightbay::Storage>,
             to.key.clone(),
         );
-        let encoded = record
-            .pieces
-            .as_ref()
-            .is_some_and(|p| p.list.iter().any(|piece| piece.encoding.is_some()));
-        let one_container =
-            record.pieces.is_some() || (record.index.is_none() && record.world_size.is_none());
+        let one_container = record.is_one_container();
         let compress = one_container
             && match encoding {
-                Encoding::AsSource => encoded,
+                Encoding::AsSource => record.is_encoded(),
                 Encoding::Compressed => true,
                 Encoding::Raw => false,
             };

@@ -136,11 +136,7 @@ fn chain_survives_faults_and_gc<H: Harness>(
                 "the increment of step {step} refers to nothing earlier"
             );
         }
-        let encoded = record
-            .pieces
-            .iter()
-            .flat_map(|p| &p.list)
-            .any(|piece| piece.encoding.is_some());
+        let encoded = record.is_encoded();
         if encoded != options().incremental.is_some_and(|i| i.compress) {
             fail!(
                 case,

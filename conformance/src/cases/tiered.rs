@@ -144,11 +144,7 @@ pub fn tiered_promotions_survive_durable_faults<H: Harness>(harness: &H, case: &
                             "{context}: the promotion succeeded, the step is not there"
                         );
                     };
-                    let encoded = promoted
-                        .record()
-                        .pieces
-                        .as_ref()
-                        .is_some_and(|p| p.list.iter().any(|piece| piece.encoding.is_some()));
+                    let encoded = promoted.record().is_encoded();
                     if encoded != compressed {
                         fail!(
                             case,
